@@ -1,0 +1,50 @@
+"""Session-wide fixtures: tiny random models of each supported family, with a tokenizer, built once."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, str]:
+    """family -> directory with config.json, safetensors weights and a byte-level BPE tokenizer."""
+    from tiny_models import make_tiny_model
+    from tiny_tokenizer import make_tiny_tokenizer
+
+    dirs = {}
+    for fam in FAMILIES:
+        d = tmp_path_factory.mktemp(f"tiny-{fam}")
+        make_tiny_model(fam, str(d), eos_token_id=0, bos_token_id=0, pad_token_id=0)
+        make_tiny_tokenizer(str(d))
+        dirs[fam] = str(d)
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_dirs) -> str:
+    """The default tiny model for tests that need just one (Qwen3 family)."""
+    return tiny_model_dirs["qwen3"]

@@ -1,0 +1,176 @@
+"""Scheduler: token budget, chunked prefill, preemption by recompute, stop rules, aborts."""
+
+from __future__ import annotations
+
+import pytest
+
+from vx.cache import KVCacheManager
+from vx.config import CacheConfig, SchedulerConfig
+from vx.core.request import Request, RequestStatus
+from vx.core.scheduler import Scheduler
+from vx.core.scheduler_output import ModelRunnerOutput
+from vx.sampling_params import SamplingParams
+
+
+def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, max_len=256, chunked=True,
+                   caching=True) -> Scheduler:
+    kv = KVCacheManager(num_blocks, block_size, caching)
+    return Scheduler(SchedulerConfig(max_seqs, budget, max_len, chunked),
+                     CacheConfig(block_size=block_size, enable_prefix_caching=caching), kv)
+
+
+def req(rid: str, n_prompt: int, max_tokens=8, eos=(), base=1, **kw) -> Request:
+    return Request(rid, [base + i % 50 for i in range(n_prompt)],
+                   SamplingParams(max_tokens=max_tokens, **kw), list(eos))
+
+
+def step(s: Scheduler, token_for=lambda rid: 99):
+    so = s.schedule()
+    sampled = [r.req_id for r in so.scheduled if r.samples]
+    out = s.update_from_output(so, ModelRunnerOutput(sampled, [token_for(r) for r in sampled]))
+    return so, out
+
+
+def run_all(s: Scheduler, max_steps=1000, **kw):
+    steps = []
+    while s.has_unfinished_requests():
+        steps.append(step(s, **kw))
+        assert len(steps) < max_steps
+    return steps
+
+
+def test_budget_and_max_seqs_respected():
+    s = make_scheduler(budget=20, max_seqs=3)
+    for i in range(6):
+        s.add_request(req(f"r{i}", 13, max_tokens=5))
+    for so, _ in run_all(s):
+        assert so.total_num_scheduled_tokens <= 20
+        assert so.num_reqs <= 3
+        assert so.total_num_scheduled_tokens == sum(len(r.token_ids) for r in so.scheduled)
+    assert s.kv_cache_manager.stats().num_blocks_in_use == 0
+
+
+def test_chunked_prefill_catches_up_then_decodes():
+    s = make_scheduler(budget=8)
+    s.add_request(req("a", 21, max_tokens=3))
+    sizes, samples = [], []
+    for so, _ in run_all(s):
+        sizes.append(so.total_num_scheduled_tokens)
+        samples.append(so.scheduled[0].samples)
+    assert sizes == [8, 8, 5, 1, 1]
+    assert samples == [False, False, True, True, True]
+
+
+def test_positions_are_contiguous_per_request():
+    s = make_scheduler(budget=7)
+    s.add_request(req("a", 10, max_tokens=4))
+    s.add_request(req("b", 3, max_tokens=4))
+    seen: dict[str, int] = {}
+    for so, _ in run_all(s):
+        for r in so.scheduled:
+            assert r.num_computed_tokens == seen.get(r.req_id, 0)
+            seen[r.req_id] = r.num_computed_tokens + len(r.token_ids)
+
+
+def test_chunked_prefill_disabled_waits_for_whole_prompt():
+    s = make_scheduler(budget=16, chunked=False)
+    s.add_request(req("a", 12, max_tokens=2))
+    s.add_request(req("b", 12, max_tokens=2, base=100))
+    so, _ = step(s)
+    assert [r.req_id for r in so.scheduled] == ["a"]  # b does not fit the rest of the budget
+    assert so.total_num_scheduled_tokens == 12
+
+
+def test_preempts_latest_arrival_and_resumes():
+    # 10 usable blocks of 4 tokens; three requests growing to 16 tokens each cannot all fit.
+    s = make_scheduler(num_blocks=11, block_size=4, budget=64)
+    for i in range(3):
+        s.add_request(req(f"r{i}", 8, max_tokens=8, base=10 * i))
+    preempted_ids = []
+    for so, _ in run_all(s):
+        preempted_ids += list(so.preempted_req_ids)
+        assert s.kv_cache_manager.stats().num_blocks_in_use <= 10
+    assert s.num_preemptions > 0
+    assert preempted_ids and preempted_ids[0] == "r2"
+    assert s.kv_cache_manager.stats().num_blocks_in_use == 0
+
+
+def test_preempted_request_keeps_its_tokens():
+    s = make_scheduler(num_blocks=7, block_size=4, budget=64)
+    a, b = req("a", 8, max_tokens=10, base=1), req("b", 8, max_tokens=10, base=20)
+    s.add_request(a)
+    s.add_request(b)
+    counter = iter(range(1000, 2000))
+    run_all(s, token_for=lambda rid: next(counter))
+    assert s.num_preemptions > 0
+    assert len(a.output_token_ids) == 10 and len(b.output_token_ids) == 10
+    assert a.all_token_ids == a.prompt_token_ids + a.output_token_ids
+
+
+@pytest.mark.parametrize("kw, token, n_out, status", [
+    ({"max_tokens": 5}, 99, 5, RequestStatus.FINISHED_LENGTH_CAPPED),
+    ({"max_tokens": 5}, 7, 1, RequestStatus.FINISHED_STOPPED),  # 7 is EOS
+    ({"max_tokens": 5, "ignore_eos": True}, 7, 5, RequestStatus.FINISHED_LENGTH_CAPPED),
+    ({"max_tokens": 5, "min_tokens": 3}, 7, 3, RequestStatus.FINISHED_STOPPED),
+    ({"max_tokens": 5, "stop_token_ids": [99]}, 99, 1, RequestStatus.FINISHED_STOPPED),
+])
+def test_stop_rules(kw, token, n_out, status):
+    s = make_scheduler()
+    r = Request("a", [1, 2, 3], SamplingParams(**kw), [7])
+    s.add_request(r)
+    run_all(s, token_for=lambda rid: token)
+    assert r.num_output_tokens == n_out
+    assert r.status == status
+    if kw.get("stop_token_ids"):
+        assert r.stop_reason == 99
+
+
+def test_max_model_len_caps_length():
+    s = make_scheduler(max_len=12)
+    r = req("a", 10, max_tokens=100)
+    s.add_request(r)
+    run_all(s)
+    assert r.num_tokens == 12 and r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
+def test_abort_frees_blocks_and_reports_to_runner():
+    s = make_scheduler()
+    s.add_request(req("a", 10, max_tokens=50))
+    s.add_request(req("b", 10, max_tokens=50))
+    step(s)
+    assert s.kv_cache_manager.stats().num_blocks_in_use > 0
+    assert s.finish_requests(["a", "b", "zzz"], RequestStatus.FINISHED_ABORTED) == ["a", "b"]
+    assert not s.has_unfinished_requests()
+    assert s.kv_cache_manager.stats().num_blocks_in_use == 0
+    so = s.schedule()
+    assert so.finished_req_ids == {"a", "b"}
+
+
+def test_abort_while_step_in_flight_drops_its_token():
+    s = make_scheduler()
+    s.add_request(req("a", 4, max_tokens=50))
+    so = s.schedule()
+    s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    out = s.update_from_output(so, ModelRunnerOutput(["a"], [5]))
+    assert out.outputs == []
+    assert s.kv_cache_manager.stats().num_blocks_in_use == 0
+
+
+def test_duplicate_live_id_refused_and_finished_id_reusable():
+    s = make_scheduler()
+    s.add_request(req("a", 4, max_tokens=1))
+    with pytest.raises(ValueError, match="already running"):
+        s.add_request(req("a", 4))
+    run_all(s)
+    s.add_request(req("a", 4, max_tokens=1))
+    run_all(s)
+
+
+def test_prefix_hits_skip_computation():
+    s = make_scheduler(block_size=4, budget=64)
+    s.add_request(req("a", 17, max_tokens=1))
+    run_all(s)
+    s.add_request(req("b", 17, max_tokens=1))
+    so, _ = step(s)
+    assert so.scheduled[0].num_computed_tokens == 16
+    assert so.total_num_scheduled_tokens == 1

@@ -1,0 +1,73 @@
+"""vx's greedy tokens equal Hugging Face `generate` token for token, in float32, for every family."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import vx
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+MAX_NEW = 24
+
+
+def _prompts(vocab: int = 400) -> list[list[int]]:
+    rng = random.Random(1234)
+    shared = [rng.randrange(1, vocab) for _ in range(45)]
+    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in (1, 3, 9, 17, 33, 60)]
+    prompts += [shared + [rng.randrange(1, vocab) for _ in range(k)] for k in (2, 7, 16)]
+    prompts.append(list(shared))
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny_model_dirs) -> dict[str, list[list[int]]]:
+    from transformers import AutoModelForCausalLM
+
+    ref = {}
+    for fam in FAMILIES:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[fam], dtype=torch.float32).eval()
+        outs = []
+        for p in _prompts():
+            with torch.no_grad():
+                gen = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                                     attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            outs.append(gen[0, len(p):].tolist())
+        ref[fam] = outs
+    return ref
+
+
+def _run(model_dir: str, **engine_args) -> tuple[list[list[int]], vx.EngineStats]:
+    llm = vx.LLM(model_dir, dtype="float32", device="cpu", **engine_args)
+    params = vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+    outs = llm.generate(_prompts(), params, use_tqdm=False)
+    stats = llm.stats()
+    llm.shutdown()
+    return [o.outputs[0].token_ids for o in outs], stats
+
+
+CONFIGS = {
+    "default": {},
+    "chunked16": {"max_num_batched_tokens": 16},
+    "no_prefix_cache": {"enable_prefix_caching": False},
+    "tiny_kv_preempt": {"num_kv_blocks": 14, "block_size": 8, "max_model_len": 96},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_greedy_equals_hf(tiny_model_dirs, hf_reference, family, config_name):
+    got, stats = _run(tiny_model_dirs[family], **CONFIGS[config_name])
+    want = hf_reference[family]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"{family}/{config_name}: prompt {i} differs\n vx: {g}\n hf: {w}"
+    assert stats.kv_blocks_in_use == 0
+    assert stats.num_running == 0 and stats.num_waiting == 0
+    if config_name == "tiny_kv_preempt":
+        assert stats.num_preemptions > 0, "the KV cache was meant to be too small to avoid preemption"
+    if config_name == "default":
+        assert stats.prefix_cache_hit_tokens > 0, "prompts sharing a 45-token prefix should hit the cache"
+    if config_name == "no_prefix_cache":
+        assert stats.prefix_cache_hit_tokens == 0

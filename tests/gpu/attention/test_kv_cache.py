@@ -1,0 +1,50 @@
+"""KV-cache sizing and binding onto a model's Attention layers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from vx.gpu.attention import TorchAttentionBackend
+from vx.gpu.attention.torch_backend import TorchAttentionImpl
+from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
+from vx.models.layers.attention import Attention
+
+
+class _TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        # Registered out of order on purpose: binding follows layer_idx.
+        self.b = Attention(4, 8, 0.5, 2, layer_idx=1, sliding_window=16)
+        self.a = Attention(4, 8, 0.5, 2, layer_idx=0)
+
+
+def test_bytes_per_block_from_vx_or_hf_config():
+    vx_like = SimpleNamespace(num_layers=3, num_kv_heads=2, head_dim=16)
+    hf_like = SimpleNamespace(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=64)
+    expected = 3 * 2 * 16 * 2 * 16 * 2  # layers * (k,v) * block * kv_heads * head_dim * bf16 bytes
+    assert bytes_per_block(vx_like, 16, torch.bfloat16) == expected
+    assert bytes_per_block(hf_like, 16, "bfloat16") == expected
+    assert bytes_per_block(vx_like, 16, "float32") == 2 * expected
+    with pytest.raises(ValueError, match="dtype"):
+        bytes_per_block(vx_like, 16, "int3")
+
+
+def test_bind_allocates_per_layer_in_order():
+    model = _TwoLayer()
+    caches = bind_kv_caches(model, TorchAttentionBackend, num_blocks=5, block_size=4, dtype=torch.float32,
+                            device="cpu")
+    assert [c.shape for c in caches] == [(2, 5, 4, 2, 8)] * 2
+    assert caches[0] is model.a.kv_cache and caches[1] is model.b.kv_cache
+    assert all(not c.any() for c in caches)
+    assert isinstance(model.b.impl, TorchAttentionImpl) and model.b.impl.sliding_window == 16
+    assert model.a.impl.sliding_window is None and model.a.impl.num_kv_heads == 2
+    assert "kv_cache" not in dict(model.named_buffers()) and not model.state_dict()
+
+
+def test_bind_refuses_a_model_without_attention():
+    with pytest.raises(ValueError, match="no vx Attention"):
+        bind_kv_caches(nn.Linear(2, 2), TorchAttentionBackend, 1, 4, torch.float32, "cpu")

@@ -1,0 +1,110 @@
+"""Torch paged-attention backend against a naive per-query softmax, for every batch mix."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vx.gpu.attention import CommonAttentionMetadata, TorchAttentionBackend, get_attn_backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
+from paged_utils import make_common_metadata  # noqa: E402
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 40
+
+
+def _reference(q, k_full, v_full, computed, scale, window):
+    """q [n, H, D] of positions computed..computed+n-1; k/v_full [computed+n, Hk, D]."""
+    h, hk = q.shape[1], k_full.shape[1]
+    k = k_full.repeat_interleave(h // hk, dim=1).float()
+    v = v_full.repeat_interleave(h // hk, dim=1).float()
+    out = torch.empty(q.shape, dtype=torch.float32)
+    for j in range(q.shape[0]):
+        pos = computed + j
+        lo = 0 if window is None else max(0, pos - window + 1)
+        scores = torch.einsum("hd,lhd->hl", q[j].float(), k[lo:pos + 1]) * scale
+        out[j] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v[lo:pos + 1])
+    return out
+
+
+CASES = {
+    # (num_computed, num_new) per request
+    "prefills": ([0, 0, 0], [7, 1, 12]),
+    "chunked": ([5, 8], [6, 9]),
+    "decodes": ([3, 16, 0, 9], [1, 1, 1, 1]),
+    "mixed": ([9, 0, 20, 4, 0], [1, 6, 1, 5, 1]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("heads,window,dtype", [
+    ((4, 2), None, torch.float32), ((2, 2), None, torch.float32), ((4, 2), 5, torch.float32),
+    ((2, 2), 5, torch.float32), ((4, 2), None, torch.bfloat16),
+])
+def test_matches_naive_attention(case, heads, window, dtype):
+    torch.manual_seed(0)
+    computed, new = CASES[case]
+    h, hk, d = heads[0], heads[1], 8
+    scale = 1 / math.sqrt(d)
+    pool = list(range(NUM_BLOCKS))
+    random.Random(1).shuffle(pool)
+    tables = [[pool.pop() for _ in range(-(-(c + n) // BLOCK_SIZE))] for c, n in zip(computed, new)]
+    cache = torch.zeros(TorchAttentionBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, hk, d), dtype=dtype)
+    k_cache, v_cache = cache[0].view(-1, hk, d), cache[1].view(-1, hk, d)
+    full_k, full_v = [], []
+    for c, n, bt in zip(computed, new, tables):
+        full_k.append(torch.randn(c + n, hk, d).to(dtype))
+        full_v.append(torch.randn(c + n, hk, d).to(dtype))
+        ctx_slots = [bt[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(c)]
+        k_cache[ctx_slots] = full_k[-1][:c]  # the cached prefix, written by an earlier "step"
+        v_cache[ctx_slots] = full_v[-1][:c]
+    pad = 3
+    common = make_common_metadata(computed, new, tables, BLOCK_SIZE, num_padding_tokens=pad)
+    n_tok = common.num_actual_tokens + pad
+    q = torch.randn(n_tok, h, d).to(dtype)
+    k = torch.cat([fk[c:] for fk, c in zip(full_k, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
+    v = torch.cat([fv[c:] for fv, c in zip(full_v, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
+    impl = TorchAttentionBackend.get_impl_cls()(h, d, scale, hk, sliding_window=window)
+    md = TorchAttentionBackend.build_metadata(common)
+    out = impl.forward(None, q.reshape(n_tok, -1), k.reshape(n_tok, -1), v.reshape(n_tok, -1), cache, md)
+    assert out.shape == (n_tok, h * d) and out.dtype == dtype
+    atol = 1e-5 if dtype == torch.float32 else 3e-2
+    qsl = common.query_start_loc_cpu.tolist()
+    for i, (c, bt) in enumerate(zip(computed, tables)):
+        ref = _reference(q[qsl[i]:qsl[i + 1]], full_k[i], full_v[i], c, scale, window)
+        torch.testing.assert_close(out[qsl[i]:qsl[i + 1]].float(), ref.reshape(-1, h * d), atol=atol, rtol=0)
+        slots = [bt[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(c + new[i])]
+        assert torch.equal(k_cache[slots], full_k[i]) and torch.equal(v_cache[slots], full_v[i])
+    assert torch.all(out[-pad:] == 0)
+    assert not (cache == 99.0).any(), "padding tokens must not be written"
+
+
+def test_metadata_split_and_contiguous_decode_rows():
+    common = make_common_metadata([4, 0, 7, 2], [1, 5, 1, 1], [[3, 4], [0, 5], [1, 2], [6]], BLOCK_SIZE)
+    md = TorchAttentionBackend.build_metadata(common)
+    assert md.num_decodes == 3 and len(md.prefills) == 1 and md.prefills[0].ctx_slots is None
+    assert torch.equal(md.decode_rows, torch.tensor([0, 6, 7]))
+    assert md.decode_slots.tolist()[0][:5] == [12, 13, 14, 15, 16]
+    assert md.decode_slots.tolist()[2] == [24, 25, 26, 27, 0, 1, 2, 3]  # past its blocks: padded table, masked
+    assert md.decode_mask(None)[2, 0, 0].tolist() == [True] * 3 + [False] * 5
+    common = make_common_metadata([0, 3, 3], [6, 1, 1], [[0, 1], [2], [3]], BLOCK_SIZE)
+    md = TorchAttentionBackend.build_metadata(common)
+    assert md.decode_rows == slice(6, 8) and md.write_rows is None
+
+
+def test_selector():
+    assert get_attn_backend("auto", "cpu") is TorchAttentionBackend
+    assert get_attn_backend("torch", "cuda") is TorchAttentionBackend
+    assert TorchAttentionBackend.get_name() == "torch"
+    for name in ("triton", "flash_attn"):
+        with pytest.raises(ValueError, match="not available yet"):
+            get_attn_backend(name, "cuda")
+    with pytest.raises(ValueError, match="Unknown"):
+        get_attn_backend("xformers", "cpu")
+    assert isinstance(make_common_metadata([0], [2], [[0]], BLOCK_SIZE), CommonAttentionMetadata)

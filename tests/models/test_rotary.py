@@ -1,0 +1,93 @@
+"""Rotary embedding: inverse frequencies and cos/sin equal Hugging Face's, for every supported rope type."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tiny_models import make_tiny_config
+
+from vx.models.layers.rotary import RotaryEmbedding, compute_inv_freq, get_rope, get_rope_config
+
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def _hf_inv_freq(config) -> torch.Tensor:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, "cpu")[0]
+
+
+@pytest.mark.parametrize("params", [
+    LLAMA3,
+    {**LLAMA3, "original_max_position_embeddings": 8192, "rope_theta": 10000.0, "factor": 32.0},
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+])
+def test_scaled_inv_freq_equals_hf(params):
+    config = make_tiny_config("llama", head_dim=64, rope_parameters=dict(params))
+    ours = compute_inv_freq(64, get_rope_config(config))
+    torch.testing.assert_close(ours, _hf_inv_freq(config), atol=0, rtol=0)
+
+
+def test_llama3_cos_sin_equal_hf_rotary():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = make_tiny_config("llama3_tied")
+    head_dim = config.hidden_size // config.num_attention_heads
+    ours = get_rope(config, head_dim)
+    positions = torch.tensor([0, 1, 5, 63, 64, 65, 500, 1023])
+    cos_hf, sin_hf = LlamaRotaryEmbedding(config)(torch.zeros(1, dtype=torch.float32), positions[None])
+    cos, sin = ours.cos_sin(positions, torch.float32)
+    half = head_dim // 2
+    torch.testing.assert_close(cos[:, 0], cos_hf[0], atol=1e-6, rtol=0)
+    # Our sin table carries rotate_half's sign on its first half.
+    torch.testing.assert_close(sin[:, 0, half:], sin_hf[0, :, half:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(-sin[:, 0, :half], sin_hf[0, :, :half], atol=1e-6, rtol=0)
+
+
+def test_apply_equals_hf_apply_rotary_pos_emb():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    config = make_tiny_config("llama3_tied")
+    head_dim = config.hidden_size // config.num_attention_heads
+    positions = torch.arange(0, 300, 7)
+    q = torch.randn(len(positions), 4, head_dim)
+    k = torch.randn(len(positions), 2, head_dim)
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    q_hf, k_hf = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    q_ours, k_ours = get_rope(config, head_dim)(positions, q.reshape(len(positions), -1),
+                                                k.reshape(len(positions), -1))
+    torch.testing.assert_close(q_ours.view_as(q), q_hf[0].transpose(0, 1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(k_ours.view_as(k), k_hf[0].transpose(0, 1), atol=1e-6, rtol=0)
+
+
+def test_old_style_config_equals_rope_parameters():
+    """rope_theta + rope_scaling attributes (pre-transformers-5 configs) read the same as rope_parameters."""
+    old = SimpleNamespace(rope_theta=500000.0, max_position_embeddings=1024, rope_scaling={
+        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64})
+    new = make_tiny_config("llama3_tied")
+    torch.testing.assert_close(compute_inv_freq(16, get_rope_config(old)), compute_inv_freq(16, get_rope_config(new)))
+    plain = get_rope_config(SimpleNamespace(max_position_embeddings=8))
+    assert plain.rope_type == "default" and plain.theta == 10000.0
+
+
+def test_partial_rotary_leaves_the_tail_alone():
+    cfg = SimpleNamespace(max_position_embeddings=32, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    rope = get_rope(cfg, 16)
+    assert rope.rotary_dim == 8
+    x = torch.randn(5, 2 * 16)
+    q, _ = rope(torch.arange(5), x, x)
+    torch.testing.assert_close(q.view(5, 2, 16)[..., 8:], x.view(5, 2, 16)[..., 8:])
+    assert not torch.allclose(q.view(5, 2, 16)[1:, :, :8], x.view(5, 2, 16)[1:, :, :8])
+
+
+def test_unsupported_rope_type_is_refused():
+    cfg = SimpleNamespace(max_position_embeddings=32, rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="yarn"):
+        get_rope(cfg, 16)
+    with pytest.raises(ValueError, match="llama3"):
+        RotaryEmbedding(16, 32, get_rope_config(cfg))

@@ -1,0 +1,79 @@
+"""Tiny random Hugging Face models of each supported family, saved as safetensors (reused by e2e tests).
+
+Weights use a large initializer_range so logits are peaked: greedy decoding is then stable enough to
+compare token for token.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3")
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.25, rms_norm_eps=1e-6,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+)
+
+_FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "llama": dict(num_hidden_layers=3, attention_bias=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # Llama 3.1-style rope scaling with a short original context so the scaling actually bites.
+    "llama3_tied": dict(tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    # A window shorter than the test prompts, to prove it is honoured.
+    "mistral": dict(sliding_window=16, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # Sliding window on layers >= max_window_layers only: checks the per-layer `layer_types` handling.
+    "qwen2": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    # Explicit head_dim different from hidden/heads, as real Qwen3 checkpoints have.
+    "qwen3": dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+}
+
+
+def make_tiny_config(family: str, **overrides: Any) -> Any:
+    """The transformers config of a tiny model of `family` (see FAMILIES)."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    classes = {"llama": LlamaConfig, "llama3_tied": LlamaConfig, "mistral": MistralConfig,
+               "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    if family not in classes:
+        raise ValueError(f"Unknown tiny model family {family!r}; choose from {FAMILIES}.")
+    kwargs = {**_COMMON, **_FAMILY_OVERRIDES[family], **overrides}
+    return classes[family](**kwargs)
+
+
+def make_tiny_hf_model(family: str, seed: int = 0, **overrides: Any) -> Any:
+    """A float32 eval-mode Hugging Face model with seeded random weights."""
+    from transformers import AutoModelForCausalLM
+
+    config = make_tiny_config(family, **overrides)
+    config._attn_implementation = "eager"  # plain reference math
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # HF initialises norms to 1 and biases to 0; randomise them so a mis-loaded one cannot go unnoticed.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.25 * torch.randn_like(p))
+    return model.eval()
+
+
+def make_tiny_model(family: str, dirpath: str | os.PathLike, seed: int = 0, return_hf: bool = False,
+                    **overrides: Any) -> Any:
+    """Save a tiny random `family` model (config.json + model.safetensors) in `dirpath`; returns the path.
+
+    With return_hf=True returns (path, hf_model) so callers can compare against the same weights.
+    """
+    model = make_tiny_hf_model(family, seed=seed, **overrides)
+    path = os.fspath(dirpath)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    return (path, model) if return_hf else path

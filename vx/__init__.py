@@ -1,0 +1,47 @@
+"""vx: an embeddable async streaming LLM inference engine (vLLM v1 architecture).
+
+Public names load lazily, so `import vx` stays cheap and importing one part never drags in another.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "AsyncLLM": "vx.client.async_llm",
+    "LLM": "vx.client.llm",
+    "LLMEngine": "vx.client.llm_engine",
+    "EngineArgs": "vx.config",
+    "EngineDeadError": "vx.errors",
+    "CompletionOutput": "vx.outputs",
+    "EngineStats": "vx.outputs",
+    "RequestOutput": "vx.outputs",
+    "RequestOutputKind": "vx.sampling_params",
+    "SamplingParams": "vx.sampling_params",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from vx.client.async_llm import AsyncLLM
+    from vx.client.llm import LLM
+    from vx.client.llm_engine import LLMEngine
+    from vx.config import EngineArgs
+    from vx.errors import EngineDeadError
+    from vx.outputs import CompletionOutput, EngineStats, RequestOutput
+    from vx.sampling_params import RequestOutputKind, SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vx' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,27 @@
+"""Paged KV-cache bookkeeping: blocks, the free list, prefix hashing, the pool, the manager.
+
+Pure Python: the KV tensors live in the GPU worker; this package only decides which block
+ids each request uses.
+"""
+
+from vx.cache.block_hash import BlockHash, hash_block_tokens, update_block_hashes
+from vx.cache.block_pool import BlockPool
+from vx.cache.free_block_queue import FreeBlockQueue, FreeKVCacheBlockQueue
+from vx.cache.kv_cache_block import KVCacheBlock
+from vx.cache.kv_cache_coordinator import KVCacheCoordinator, UnitaryKVCacheCoordinator
+from vx.cache.kv_cache_manager import CacheRequest, KVCacheManager, KVCacheStats
+
+__all__ = [
+    "BlockHash",
+    "BlockPool",
+    "CacheRequest",
+    "FreeBlockQueue",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "KVCacheCoordinator",
+    "KVCacheManager",
+    "KVCacheStats",
+    "UnitaryKVCacheCoordinator",
+    "hash_block_tokens",
+    "update_block_hashes",
+]

@@ -1,0 +1,134 @@
+"""Per-request block bookkeeping over the block pool, one attention group at a time.
+
+`KVCacheManager` talks to a `KVCacheCoordinator` so that models with several KV-cache groups
+(e.g. full + sliding-window attention) can later get a hybrid coordinator without touching
+the manager or the scheduler. Today only `UnitaryKVCacheCoordinator` exists: one group of
+full-attention layers sharing one block table per request.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from vx.cache.block_hash import BlockHash
+from vx.cache.block_pool import BlockPool
+from vx.cache.kv_cache_block import KVCacheBlock
+
+
+class KVCacheCoordinator(ABC):
+    """Maps request ids to their blocks and turns token counts into pool operations."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+
+    @abstractmethod
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
+                               max_cache_hit_length: int) -> list[KVCacheBlock]:
+        """Cached blocks for the longest prefix of `block_hashes`, covering at most
+        `max_cache_hit_length` tokens. The blocks are not touched."""
+
+    @abstractmethod
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock]) -> int:
+        """How many free-pool blocks `allocate` would consume to cover `num_tokens` tokens,
+        counting the ref-0 computed blocks that touching pulls out of the free queue."""
+
+    @abstractmethod
+    def allocate(self, request_id: str, num_tokens: int,
+                 new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
+        """Touch and append `new_computed_blocks`, then add fresh blocks until `num_tokens`
+        tokens fit; returns the fresh blocks. The caller has checked capacity."""
+
+    @abstractmethod
+    def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash],
+                     num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first `num_tokens` tokens."""
+
+    @abstractmethod
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, tail first; no-op for an unknown id."""
+
+    @abstractmethod
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        """The request's blocks in token order ([] if unknown)."""
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """A single full-attention KV-cache group: one block list per request."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+        super().__init__(num_blocks, block_size, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request went through cache_full_blocks already,
+        # so each step only looks at the blocks that filled up since.
+        self.num_cached_blocks: dict[str, int] = {}
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
+                               max_cache_hit_length: int) -> list[KVCacheBlock]:
+        lookup = self.block_pool.cached_block_hash_to_block.get
+        hits: list[KVCacheBlock] = []
+        for i in range(min(len(block_hashes), max_cache_hit_length // self.block_size)):
+            block = lookup(block_hashes[i])
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock]) -> int:
+        held = self.req_to_blocks.get(request_id)
+        num_held = len(held) if held else 0
+        if new_computed_blocks and num_held:
+            raise ValueError(f"request {request_id!r} already holds blocks; computed blocks "
+                             "can only be added at its first allocation")
+        num_new = -(-num_tokens // self.block_size) - num_held - len(new_computed_blocks)
+        num_needed = num_new if num_new > 0 else 0
+        for block in new_computed_blocks:
+            if block.ref_cnt == 0:
+                num_needed += 1
+        return num_needed
+
+    def allocate(self, request_id: str, num_tokens: int,
+                 new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request_id] = []
+            self.num_cached_blocks[request_id] = 0
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            # Prefix hits are registered blocks already.
+            self.num_cached_blocks[request_id] = len(blocks)
+        num_new = -(-num_tokens // self.block_size) - len(blocks)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash],
+                     num_tokens: int) -> None:
+        num_full = num_tokens // self.block_size
+        num_cached = self.num_cached_blocks[request_id]
+        if num_full <= num_cached:
+            return
+        self.block_pool.cache_full_blocks(self.req_to_blocks[request_id], block_hashes,
+                                          num_cached, num_full)
+        self.num_cached_blocks[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        blocks = self.req_to_blocks.pop(request_id, None)
+        if blocks is None:
+            return
+        del self.num_cached_blocks[request_id]
+        # Tail first: the request's last blocks are the least likely to be shared, so they
+        # should be evicted before its prefix.
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        return self.req_to_blocks.get(request_id) or []

@@ -1,0 +1,161 @@
+"""The scheduler's view of the paged KV cache: prefix hits, slot allocation, freeing, stats."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from vx.cache.block_hash import BlockHash, update_block_hashes
+from vx.cache.kv_cache_block import KVCacheBlock
+from vx.cache.kv_cache_coordinator import KVCacheCoordinator, UnitaryKVCacheCoordinator
+
+
+class CacheRequest(Protocol):
+    """What the manager reads from a request (vx.core.Request satisfies it).
+
+    `block_hashes` belongs to the request but is filled by the manager; it stays valid across
+    preemption and prefix-cache resets because hashes depend on token content only.
+    """
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def all_token_ids(self) -> list[int]: ...  # prompt + output so far
+    @property
+    def num_tokens(self) -> int: ...  # len(all_token_ids)
+    @property
+    def num_computed_tokens(self) -> int: ...
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheStats:
+    """A snapshot of KV-cache occupancy and prefix-cache counters (the null block excluded)."""
+
+    num_blocks_total: int  # usable blocks: num_blocks - 1
+    num_blocks_in_use: int  # ref_cnt > 0
+    num_blocks_cached: int  # hashed and ref_cnt == 0: reusable by a hit, evictable
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+
+
+class KVCacheManager:
+    """Gives each request the blocks for its tokens, sharing cached prefix blocks.
+
+    Scheduler flow for a waiting (new or preempted) request: `get_computed_blocks`, then
+    `allocate_slots(req, n, num_computed, computed_blocks)`, then set
+    `req.num_computed_tokens = num_computed` (and add `n` once the step is planned). For a
+    running request: `allocate_slots(req, n)`. Preemption and finishing: `free(req)`.
+
+    Blocks are hashed and registered at allocation time, before the step that writes their KV
+    runs; a request admitted later in the same step may hit them, which is correct as long as
+    the attention backend stores a layer's K/V for the whole batch before reading the cache
+    (every backend here does) and a scheduled request is not freed before its step runs.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.coordinator: KVCacheCoordinator = UnitaryKVCacheCoordinator(
+            num_blocks, block_size, enable_caching)
+        self.block_pool = self.coordinator.block_pool
+        self.prefix_cache_queried_tokens = 0
+        self.prefix_cache_hit_tokens = 0
+
+    # ------------------------------------------------------------------ admission
+    def get_computed_blocks(self, request: CacheRequest) -> tuple[list[KVCacheBlock], int]:
+        """Longest cached prefix of full blocks, and the number of tokens it covers.
+
+        The blocks are not touched: pass them to `allocate_slots`. The last token is always
+        recomputed (its logits are needed), so a fully cached request hits one block less.
+        Stats: a call for a request with `num_computed_tokens == 0` (first scheduling or
+        resumption after preemption) adds `num_tokens` to the queried and the hits to the hit
+        counter; a request retried after a failed `allocate_slots` is counted again.
+        With caching disabled: ([], 0) and no stats.
+        """
+        if not self.enable_caching:
+            return [], 0
+        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        num_tokens = request.num_tokens
+        blocks = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
+        num_hit_tokens = len(blocks) * self.block_size
+        if request.num_computed_tokens == 0:
+            self.prefix_cache_queried_tokens += num_tokens
+            self.prefix_cache_hit_tokens += num_hit_tokens
+        return blocks, num_hit_tokens
+
+    # ----------------------------------------------------------------- allocation
+    def allocate_slots(self, request: CacheRequest, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Sequence[KVCacheBlock] | None = None,
+                       ) -> list[KVCacheBlock] | None:
+        """Make the request hold blocks for `num_computed_tokens + num_new_computed_tokens +
+        num_new_tokens` tokens; return the newly allocated blocks (in order), or None, with
+        nothing changed, if the free pool is too small.
+
+        `new_computed_blocks` / `num_new_computed_tokens` are the prefix hit from
+        `get_computed_blocks`, only allowed while the request holds no blocks. Blocks that
+        become full once these tokens are computed are registered in the prefix cache.
+        """
+        computed = new_computed_blocks if new_computed_blocks is not None else ()
+        if num_new_tokens < 0 or num_new_computed_tokens != len(computed) * self.block_size:
+            raise ValueError(f"bad allocate_slots arguments: num_new_tokens={num_new_tokens}, "
+                             f"num_new_computed_tokens={num_new_computed_tokens}, "
+                             f"{len(computed)} computed blocks of {self.block_size} tokens")
+        request_id = request.request_id
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        coordinator = self.coordinator
+        num_needed = coordinator.get_num_blocks_to_allocate(request_id, num_tokens, computed)
+        if num_needed > self.block_pool.free_block_queue.num_free_blocks:
+            return None
+        new_blocks = coordinator.allocate(request_id, num_tokens, computed)
+        if self.enable_caching:
+            # Only tokens that exist can be hashed; a scheduled lookahead slot is not full yet.
+            known = request.num_tokens
+            update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+            coordinator.cache_blocks(request_id, request.block_hashes,
+                                     num_tokens if num_tokens < known else known)
+        return new_blocks
+
+    def free(self, request: CacheRequest) -> None:
+        """Release the request's blocks, tail first so its prefix stays cached longest.
+
+        Idempotent; the request's `block_hashes` are kept for a later re-admission.
+        """
+        self.coordinator.free(request.request_id)
+
+    # ------------------------------------------------------------------- queries
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        """The request's blocks in token order; the live list, do not mutate ([] if unknown)."""
+        return self.coordinator.get_blocks(request_id)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table (block ids in token order); O(num blocks)."""
+        return [block.block_id for block in self.coordinator.get_blocks(request_id)]
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref_cnt 0 (including evictable cached ones)."""
+        return self.block_pool.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests (0.0 to 1.0)."""
+        return self.block_pool.get_usage()
+
+    def stats(self) -> KVCacheStats:
+        """Current occupancy and cumulative prefix-cache counters."""
+        pool = self.block_pool
+        return KVCacheStats(
+            num_blocks_total=pool.num_usable_blocks,
+            num_blocks_in_use=pool.get_num_in_use_blocks(),
+            num_blocks_cached=pool.get_num_cached_blocks(),
+            prefix_cache_queried_tokens=self.prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop all cached prefixes; returns False (and does nothing) while any block is in use."""
+        return self.block_pool.reset_prefix_cache()

@@ -1,0 +1,309 @@
+"""`vx.AsyncLLM`: streaming generation for async applications, on asyncio or trio (through anyio).
+
+The engine runs in a background process (`AsyncMPClient`). In this process, one output task reads engine
+outputs, detokenizes them (`OutputProcessor`) and hands each to its request's `RequestStream` without ever
+waiting for a consumer; a second task watches the engine process so that its death is noticed at once.
+Leaving an `async for` early, in any way, aborts the request in the engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import uuid
+import weakref
+from typing import Any, AsyncGenerator
+
+import anyio
+import anyio.abc
+
+from vx.client.core_client import AsyncMPClient
+from vx.client.request_stream import RequestStream
+from vx.config import EngineArgs
+from vx.core.protocol import EngineCoreOutputs
+from vx.errors import EngineDeadError, EngineGenerateError
+from vx.outputs import EngineStats, RequestOutput
+from vx.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int]
+
+
+class AsyncLLM:
+    """Async streaming front end: `async with vx.AsyncLLM(model, **engine_args) as llm: ...`.
+
+    The constructor only validates the arguments; entering the context starts the engine process without
+    blocking the event loop, and leaving it shuts the engine down. Use it from one event loop (thread).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.engine_args = EngineArgs.from_kwargs(model, **engine_args)
+        self.config = self.engine_args.create_config()
+        self.tokenizer: Any = None
+        self._client: AsyncMPClient | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._loop_thread: int | None = None
+        # Weak values: a stream whose generator was dropped unclosed vanishes, and its finalizer aborts it.
+        self._streams: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
+        # Aborted request ids whose front-end state could not be dropped where the abort happened (a finalizer
+        # or another thread); the loop's thread drops it at the next occasion.
+        self._deferred_drops: collections.deque[str] = collections.deque()
+        self._busy = False  # the loop's thread is inside a section that walks the front-end state
+        self._closed = False
+
+    # --------------------------------------------------------------------------------------------- lifecycle
+    async def __aenter__(self) -> "AsyncLLM":
+        if self._client is not None or self._closed:
+            raise RuntimeError("This AsyncLLM was already started; create a new one.")
+        try:
+            await anyio.to_thread.run_sync(self._start_blocking)
+        except BaseException:
+            # Cancellation waits for the thread, so a started engine must not be left behind.
+            with anyio.CancelScope(shield=True):
+                await self._close_client()
+            raise
+        self._loop_thread = threading.get_ident()
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._task_group.start_soon(self._output_loop, name="vx-output")
+        self._task_group.start_soon(self._client.watch_engine, name="vx-engine-watch")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    def _start_blocking(self) -> None:
+        from vx.client.output_processor import OutputProcessor
+        from vx.client.processor import Processor
+        from vx.client.tokenizer import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.config.model_config.tokenizer)
+        self.processor = Processor(self.config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._client = AsyncMPClient(self.engine_args)
+
+    async def shutdown(self) -> None:
+        """Stop the engine (gracefully, then by force), fail whatever still streams, release every resource."""
+        if self._closed or self._client is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._client.engine.closing = True
+        self._fail_all(EngineDeadError("The AsyncLLM was shut down."))
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
+            await self._task_group.__aexit__(None, None, None)
+            self._task_group = None
+        with anyio.CancelScope(shield=True):  # even under cancellation, never leave the process behind
+            await self._close_client()
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            await anyio.to_thread.run_sync(self._client.shutdown)
+
+    # ------------------------------------------------------------------------------------------------ public
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncGenerator[RequestOutput, None]:
+        """Stream `RequestOutput`s of one request, shaped by `params.output_kind` (CUMULATIVE, DELTA, FINAL_ONLY).
+
+        Bad input raises `ValueError`; a dead engine raises `vx.EngineDeadError`. Leaving the loop early aborts.
+        """
+        stream = self._add_request(prompt, params, request_id)
+        finished = False
+        try:
+            while not finished:
+                output = await stream.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self._abort_now(stream.request_id)
+
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+                     request_id: str | None = None) -> AsyncGenerator[str, None]:
+        """Stream the generated text as deltas (`params.output_kind` is ignored)."""
+        params = (params or SamplingParams()).clone(output_kind=RequestOutputKind.DELTA)
+        stream = self._add_request(prompt, params, request_id)
+        finished = False
+        try:
+            while not finished:
+                output = await stream.get()
+                finished = output.finished
+                text = output.outputs[0].text if output.outputs else ""
+                if text:
+                    yield text
+        finally:
+            if not finished:
+                self._abort_now(stream.request_id)
+
+    async def complete(self, prompt: Prompt, params: SamplingParams | None = None,
+                       request_id: str | None = None) -> RequestOutput:
+        """Run one request to its end and return the final output (cumulative text and token ids)."""
+        params = (params or SamplingParams()).clone(output_kind=RequestOutputKind.FINAL_ONLY)
+        stream = self._add_request(prompt, params, request_id)
+        try:
+            while True:
+                output = await stream.get()
+                if output.finished:
+                    return output
+        except BaseException:
+            self._abort_now(stream.request_id)
+            raise
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request: the engine frees it, and its stream ends with a final output (finish_reason 'abort')."""
+        client = self._require_client()
+        self._drain_deferred()
+        client.abort_requests([request_id])
+        self._busy = True
+        try:
+            finals = self.output_processor.abort_requests([request_id])
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.detach()
+                for output in finals:
+                    stream.put(output)
+                if not finals:
+                    stream.fail(EngineGenerateError(f"Request {request_id!r} was aborted."))
+        finally:
+            self._busy = False
+
+    async def stats(self) -> EngineStats:
+        """A snapshot of the engine: queues, KV blocks, prefix-cache hits, preemptions, steps."""
+        client = self._require_client()
+        self._drain_deferred()
+        return await client.stats_async()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Requests this front end still tracks (0 once every request has ended)."""
+        return len(self.output_processor.request_states) if self._client is not None else 0
+
+    # ------------------------------------------------------------------------------------------- internals
+    def _require_client(self) -> AsyncMPClient:
+        if self._client is None or self._task_group is None:
+            if self._closed:
+                raise EngineDeadError("The AsyncLLM was shut down.")
+            raise RuntimeError("Start the engine first: `async with vx.AsyncLLM(...) as llm:`.")
+        self._client.engine.raise_if_dead()
+        return self._client
+
+    def _add_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None) -> RequestStream:
+        client = self._require_client()
+        self._drain_deferred()
+        rid = uuid.uuid4().hex if request_id is None else request_id
+        request = self.processor.process_inputs(rid, prompt, params)
+        self._busy = True
+        try:
+            self.output_processor.add_request(request, prompt if isinstance(prompt, str) else None)
+            stream = RequestStream(rid, request.sampling_params.output_kind)
+            stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), rid)
+            self._streams[rid] = stream
+            try:
+                client.add_request(request)
+            except BaseException:
+                stream.detach()
+                self._streams.pop(rid, None)
+                self.output_processor.abort_requests([rid])
+                raise
+        finally:
+            self._busy = False
+        return stream
+
+    def _abort_now(self, request_id: str) -> None:
+        """Synchronous abort (works under cancellation and in finalizers): tell the engine, drop our state."""
+        if self._client is None:
+            return
+        self._client.abort_requests([request_id])
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.detach()
+        if threading.get_ident() == self._loop_thread and not self._busy:
+            self._drop(request_id)
+        else:
+            self._deferred_drops.append(request_id)
+
+    def _abort_from_finalizer(self, request_id: str) -> None:
+        # A finalizer may run in any thread, or inside a section of the loop's thread that walks the front-end
+        # state: only the (thread-safe) engine abort happens now, the state is dropped later on the loop.
+        if self._client is not None:
+            self._client.abort_requests([request_id])
+            self._deferred_drops.append(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self.output_processor.abort_requests([request_id])
+
+    def _drain_deferred(self) -> None:
+        while self._deferred_drops:
+            self._drop(self._deferred_drops.popleft())
+
+    async def _output_loop(self) -> None:
+        """Demultiplex engine outputs into the request streams. Never raises (but for cancellation)."""
+        client = self._client
+        assert client is not None
+        try:
+            while True:
+                outputs = await client.get_output_async()
+                self._busy = True
+                try:
+                    self._process(outputs)
+                finally:
+                    self._busy = False
+        except EngineDeadError as e:
+            self._fail_all(e)
+        except Exception as e:  # noqa: BLE001 - a bug here must fail the requests, not the application's task
+            logger.exception("vx AsyncLLM output task failed")
+            client.engine.mark_dead(f"The vx AsyncLLM output task failed: {type(e).__name__}: {e}")
+            self._fail_all(client.dead_error() or EngineDeadError())
+
+    def _process(self, outs: EngineCoreOutputs) -> None:
+        self._drain_deferred()
+        for err in outs.input_errors:
+            stream = self._streams.pop(err.request_id, None) if err.request_id is not None else None
+            if stream is None:
+                logger.warning("The vx engine refused an input message: %s", err.message)
+                continue
+            stream.detach()
+            self.output_processor.abort_requests([stream.request_id])
+            stream.fail(EngineGenerateError(f"The engine refused request {stream.request_id!r}: {err.message}"))
+        if not outs.outputs:
+            return
+        processed = self.output_processor.process_outputs(outs.outputs)
+        for output in processed.request_outputs:
+            stream = self._streams.get(output.request_id)
+            if output.finished:
+                self._streams.pop(output.request_id, None)
+            if stream is not None:
+                if output.finished:
+                    stream.detach()
+                stream.put(output)
+        if processed.reqs_to_abort:  # finished here by a stop string; the engine still runs them
+            assert self._client is not None
+            self._client.abort_requests(processed.reqs_to_abort)
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        """The engine is gone: every stream raises a copy of `error`, and no front-end state is kept."""
+        self._busy = True
+        try:
+            streams = list(self._streams.values())
+            self._streams.clear()
+            self._deferred_drops.clear()
+            if self._client is not None:
+                self.output_processor.abort_requests(list(self.output_processor.request_states))
+            for stream in streams:
+                stream.detach()
+                copy = EngineDeadError(str(error))
+                copy.__cause__ = error.__cause__
+                stream.fail(copy)
+        finally:
+            self._busy = False
+
+
+def _abort_lost_stream(llm_ref: "weakref.ReferenceType[AsyncLLM]", request_id: str) -> None:
+    """A stream was garbage-collected while its request ran (its generator dropped unclosed): abort it."""
+    llm = llm_ref()
+    if llm is not None and not llm._closed:
+        llm._abort_from_finalizer(request_id)

@@ -1,0 +1,106 @@
+"""`vx.LLM`: synchronous batch generation for scripts and notebooks."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+from vx.client.llm_engine import LLMEngine
+from vx.config import EngineArgs
+from vx.outputs import EngineStats, RequestOutput
+from vx.sampling_params import RequestOutputKind, SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Generate for many prompts at once with continuous batching: `LLM(model).generate(prompts, params)`.
+
+    The engine runs in this process by default; `multiprocess=True` runs it in a background process.
+    """
+
+    def __init__(self, model: str | None = None, *, multiprocess: bool = False, **engine_args: Any) -> None:
+        args = EngineArgs.from_kwargs(model, **engine_args)
+        self.llm_engine = LLMEngine.from_engine_args(args, multiprocess=multiprocess)
+        self._counter = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order.
+
+        All prompts are validated before any is queued, so one bad prompt raises ValueError and
+        nothing runs.
+        """
+        prompt_list = _normalize_prompts(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(prompt_list)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params.")
+        for p in params_list:
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
+        params_list = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY) for p in params_list]
+
+        engine = self.llm_engine
+        requests = [engine.processor.process_inputs(str(next(self._counter)), prompt, params)
+                    for prompt, params in zip(prompt_list, params_list)]
+        order = {r.request_id: i for i, r in enumerate(requests)}
+        results: list[RequestOutput | None] = [None] * len(requests)
+        for req, prompt in zip(requests, prompt_list):
+            engine.output_processor.add_request(req, prompt if isinstance(prompt, str) else None)
+            engine.engine_core.add_request(req)
+        bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+        except BaseException:
+            pending = [r.request_id for r, res in zip(requests, results) if res is None]
+            engine.abort_request(pending)
+            raise
+        finally:
+            bar.close()
+        return results  # type: ignore[return-value]
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine (queues, KV blocks, prefix-cache hits, preemptions)."""
+        return self.llm_engine.stats()
+
+    def shutdown(self) -> None:
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _normalize_prompts(prompts: Any) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if len(prompts) == 0:
+            raise ValueError("No prompts given.")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]  # one prompt given as token ids
+        return list(prompts)
+    raise ValueError(f"prompts must be a str, a list of token ids, or a list of those; got "
+                     f"{type(prompts).__name__}.")

@@ -1,0 +1,106 @@
+"""Input processing in the application's process: validate a prompt and its params, tokenize, build the request.
+
+Everything that can be wrong with a request is found here and raised as `ValueError` before anything is sent,
+so a bad request never reaches (or disturbs) the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vx.client.tokenizer import eos_token_ids
+from vx.config import ModelConfig
+from vx.core.protocol import EngineCoreRequest
+from vx.sampling_params import SamplingParams
+
+
+class Processor:
+    """Turns (request id, prompt, params) into a validated, tokenized `EngineCoreRequest`."""
+
+    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer  # a fast HF tokenizer; None accepts token-id prompts only
+        self.eos_token_ids = eos_token_ids(tokenizer, model_config.eos_token_ids)
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> EngineCoreRequest:
+        """Validate and tokenize one request. `params=None` means default `SamplingParams()`.
+
+        max_tokens is clamped so that prompt + output never exceed max_model_len (None -> all the room left).
+        `priority` (if non-zero) overrides `params.priority`. Raises `ValueError` on any bad input.
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}.")
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a vx.SamplingParams or None, got {type(params).__name__}.")
+        if params.n != 1:
+            raise ValueError(f"n={params.n} is not supported yet: only n=1 (one sequence per request) is.")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {type(priority).__name__} {priority!r}.")
+        if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float))):
+            raise ValueError(f"arrival_time must be a float (time.time()) or None, got {arrival_time!r}.")
+
+        prompt_token_ids = self._tokenize(prompt)
+        self._check_token_ids("prompt token id", prompt_token_ids)
+        prompt_len, max_len = len(prompt_token_ids), self.model_config.max_model_len
+        if prompt_len >= max_len:
+            raise ValueError(
+                f"The prompt is {prompt_len} tokens long, but max_model_len is {max_len}: the prompt plus at "
+                f"least one generated token must fit, so the prompt may have at most {max_len - 1} tokens."
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("Stop strings need a tokenizer to detokenize the output; none is loaded.")
+        if params.stop_token_ids:
+            self._check_token_ids("stop_token_ids entry", params.stop_token_ids)
+        if params.logit_bias:
+            self._check_token_ids("logit_bias key", list(params.logit_bias))
+
+        room = max_len - prompt_len
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if max_tokens != params.max_tokens:
+            # Never mutate the caller's params (they may be shared by many requests): clone (and re-validate).
+            params = params.clone(max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens))
+
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_ids=list(self.eos_token_ids),
+            arrival_time=time.time() if arrival_time is None else float(arrival_time),
+            priority=priority or params.priority,
+        )
+
+    def _tokenize(self, prompt: Any) -> list[int]:
+        """Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS), or a checked id list."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("The prompt is empty; give a non-empty string or a non-empty list of token ids.")
+            if self.tokenizer is None:
+                raise ValueError("A text prompt needs a tokenizer; none is loaded. Pass token ids instead.")
+            ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            if not ids:
+                raise ValueError(f"The prompt {prompt[:50]!r} tokenizes to zero tokens; the model needs at least one.")
+            return ids
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ValueError("The prompt is an empty token list; give at least one token id.")
+            return list(prompt)
+        raise ValueError(f"The prompt must be a str or a list[int] of token ids, got {type(prompt).__name__}.")
+
+    def _check_token_ids(self, what: str, ids: list[Any]) -> None:
+        """Every id must be an int in [0, vocab_size): the model has no embedding row for anything else."""
+        vocab = self.model_config.vocab_size
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError(f"{what} at position {i} must be an int, got {type(t).__name__} {t!r}.")
+            if not 0 <= t < vocab:
+                raise ValueError(f"{what} {t} (position {i}) is outside the model's vocabulary [0, {vocab}).")

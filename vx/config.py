@@ -1,0 +1,293 @@
+"""Engine configuration: flat user-facing `EngineArgs`, validated into a structured `VxConfig`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICES = ("auto", "cpu", "cuda")
+_ATTN_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+
+
+@dataclass
+class ModelConfig:
+    """Which model to run and how its numbers are stored."""
+
+    model: str
+    tokenizer: str
+    hf_config: Any  # transformers.PretrainedConfig
+    architecture: str
+    dtype: str  # resolved: float32 | bfloat16 | float16
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    seed: int = 0
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config.num_hidden_layers)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        hd = getattr(self.hf_config, "head_dim", None)
+        return int(hd) if hd else int(self.hf_config.hidden_size // self.hf_config.num_attention_heads)
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache: block size, how many blocks (or a memory budget), prefix caching."""
+
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous-batching limits per step."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = True
+
+
+@dataclass
+class DeviceConfig:
+    """Where the model runs and which attention backend computes it."""
+
+    device: str = "cpu"  # resolved: cpu | cuda
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+
+
+@dataclass
+class ParallelConfig:
+    """Tensor parallelism (only 1 is supported for now)."""
+
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class VxConfig:
+    """Everything the engine needs, checked and resolved."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    device_config: DeviceConfig
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+@dataclass
+class EngineArgs:
+    """User-facing engine arguments, named as in vLLM. `create_config()` validates them."""
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    seed: int = 0
+
+    @classmethod
+    def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "EngineArgs":
+        """Build from keyword arguments, refusing unknown names with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(
+                f"Unknown engine argument(s): {', '.join(unknown)}. Known: {', '.join(sorted(known))}."
+            )
+        return cls(model=model, **kwargs)
+
+    def create_config(self) -> VxConfig:
+        """Validate every field and resolve defaults (device, dtype, lengths) into a `VxConfig`."""
+        self._check_scalars()
+        device = _resolve_device(self.device)
+        model_path = _resolve_model_path(self.model)
+        hf_config = _load_hf_config(model_path)
+        archs = list(getattr(hf_config, "architectures", None) or [])
+        if not archs:
+            raise ValueError(f"{model_path}/config.json names no 'architectures'; cannot pick a model class.")
+        dtype = _resolve_dtype(self.dtype, device, hf_config)
+        derived_max = _derive_max_model_len(hf_config)
+        if self.max_model_len is None:
+            max_model_len = min(derived_max, 8192) if derived_max else 2048
+        else:
+            max_model_len = self.max_model_len
+            if derived_max and max_model_len > derived_max:
+                raise ValueError(
+                    f"max_model_len={max_model_len} exceeds the model's limit of {derived_max} tokens."
+                )
+        vocab_size = int(hf_config.vocab_size)
+        model_config = ModelConfig(
+            model=model_path,
+            tokenizer=self.tokenizer or model_path,
+            hf_config=hf_config,
+            architecture=archs[0],
+            dtype=dtype,
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            eos_token_ids=_eos_token_ids(model_path, hf_config),
+            seed=self.seed,
+        )
+        max_num_seqs = self.max_num_seqs if self.max_num_seqs is not None else (64 if device == "cpu" else 256)
+        if self.max_num_batched_tokens is not None:
+            budget = self.max_num_batched_tokens
+        else:
+            budget = 512 if device == "cpu" else 8192
+            if not self.enable_chunked_prefill:
+                budget = max(budget, max_model_len)
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) must be >= max_model_len ({max_model_len}) "
+                "when chunked prefill is disabled."
+            )
+        cache = CacheConfig(
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+        if self.num_kv_blocks is not None:
+            # +1: block 0 is reserved as the padding block.
+            blocks_per_seq = -(-max_model_len // self.block_size) + 1
+            if self.num_kv_blocks < blocks_per_seq:
+                raise ValueError(
+                    f"num_kv_blocks={self.num_kv_blocks} cannot hold one sequence of max_model_len="
+                    f"{max_model_len} ({blocks_per_seq} blocks of {self.block_size}, one of them reserved); raise it or lower "
+                    "max_model_len."
+                )
+        sched = SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )
+        dev = DeviceConfig(device=device, attention_backend=self.attention_backend,
+                           enforce_eager=self.enforce_eager)
+        return VxConfig(model_config, cache, sched, dev, ParallelConfig(self.tensor_parallel_size))
+
+    def _check_scalars(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}.")
+        if self.device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}.")
+        if self.attention_backend not in _ATTN_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {_ATTN_BACKENDS}, got {self.attention_backend!r}.")
+        for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
+                     "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {v!r}.")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1 \
+                or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a positive power of two, got {self.block_size!r}.")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}.")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}.")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+
+
+def _resolve_device(device: str) -> str:
+    if device != "auto":
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("device='cuda' was asked for but CUDA is not available.")
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "cpu"
+
+
+def _resolve_model_path(model: str | None) -> str:
+    if model is None:
+        raise ValueError("No model given. Pass model='path/to/hf_model_dir'.")
+    if not isinstance(model, (str, os.PathLike)):
+        raise ValueError(f"model must be a path, got {type(model).__name__}.")
+    path = os.path.abspath(os.path.expanduser(os.fspath(model)))
+    if not os.path.exists(path):
+        raise ValueError(f"Model path {path!r} does not exist.")
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{path!r} is not a model directory (no config.json found).")
+    return path
+
+
+def _load_hf_config(path: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as e:  # transformers raises many kinds here
+        raise ValueError(f"Could not read the model config in {path!r}: {e}") from e
+
+
+def _resolve_dtype(dtype: str, device: str, hf_config: Any) -> str:
+    if dtype != "auto":
+        return dtype
+    if device == "cpu":
+        return "float32"
+    cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    name = str(cfg).replace("torch.", "") if cfg is not None else "bfloat16"
+    return name if name in ("bfloat16", "float16") else "bfloat16"
+
+
+def _derive_max_model_len(hf_config: Any) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        v = getattr(hf_config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def _eos_token_ids(path: str, hf_config: Any) -> list[int]:
+    ids: list[int] = []
+    for source in (hf_config.to_dict(), _read_json(os.path.join(path, "generation_config.json"))):
+        eos = source.get("eos_token_id")
+        if isinstance(eos, int):
+            eos = [eos]
+        for e in eos or []:
+            if isinstance(e, int) and e not in ids:
+                ids.append(e)
+    return ids
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}

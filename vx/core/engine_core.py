@@ -1,0 +1,311 @@
+"""The engine core: scheduler + KV cache manager + executor, stepped in a loop.
+
+`EngineCore` is the in-process engine; `EngineCoreProc` (the background process served over ZMQ)
+wraps it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import msgspec
+import zmq
+
+from vx.cache import KVCacheManager
+from vx.config import EngineArgs, VxConfig
+from vx.core.executor import Executor, UniProcExecutor
+from vx.core.protocol import (
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    EngineCoreRequestType,
+    InputDecoder,
+    InputError,
+    UtilityOutput,
+    UtilityRequest,
+    encode_output,
+)
+from vx.core.request import Request, RequestStatus
+from vx.core.scheduler import Scheduler
+from vx.outputs import EngineStats
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    """Schedules requests and runs the model; `step()` = schedule -> execute -> update."""
+
+    def __init__(self, config: VxConfig, executor_class: type[Executor] = UniProcExecutor) -> None:
+        t0 = time.perf_counter()
+        self.config = config
+        self.executor = executor_class(config)
+        num_blocks = self.executor.determine_num_kv_blocks()
+        self.executor.initialize_kv_cache(num_blocks)
+        cc = config.cache_config
+        self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler_config, cc, self.kv_cache_manager)
+        self.num_kv_blocks = num_blocks
+        logger.info("vx engine ready in %.2fs: %d KV blocks of %d tokens", time.perf_counter() - t0,
+                    num_blocks, cc.block_size)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a validated request (duplicate live ids raise ValueError)."""
+        self.scheduler.add_request(Request.from_engine_core_request(request))
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Stop requests and free their blocks; returns the ids that were live."""
+        return self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """Run one engine step; returns the new tokens and finished requests."""
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs(timestamp=time.monotonic())
+        so = self.scheduler.schedule()
+        runner_out = self.executor.execute_model(so)
+        return self.scheduler.update_from_output(so, runner_out)
+
+    def stats(self) -> EngineStats:
+        """A snapshot of queues, KV blocks and counters."""
+        kv = self.kv_cache_manager.stats()
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=kv.num_blocks_total,
+            kv_blocks_in_use=kv.num_blocks_in_use,
+            kv_blocks_cached=kv.num_blocks_cached,
+            prefix_cache_queried_tokens=kv.prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens=kv.prefix_cache_hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self.scheduler.num_steps,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+# ------------------------------------------------------------------------------------ background process
+
+# Test-only fault injection, read in the engine process: with VX_TEST_FAIL_AFTER_STEPS=N the model execution
+# after N successful ones raises, as a crash inside execute_model would. Never set it in production.
+TEST_FAIL_AFTER_STEPS_ENV = "VX_TEST_FAIL_AFTER_STEPS"
+
+_STOP = object()  # ends the output thread once everything queued before it is sent
+_FAIL = object()  # from the output thread: an output could not be encoded, so the engine must fail
+# The engine's last message (its error) must leave even though the process exits right after.
+_OUTPUT_LINGER_MS = 5000
+
+
+def describe_exception(e: BaseException) -> str:
+    """`Type: message`, then the traceback: the text an engine error carries to the client."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return f"{type(e).__name__}: {e}\n{tb}"
+
+
+class EngineCoreProc:
+    """An `EngineCore` served over ZMQ: the body of the background engine process.
+
+    Three threads: the input thread receives and decodes messages into a queue; the main thread (`run`)
+    applies them between steps, steps while requests exist and blocks on the queue when idle (no spinning);
+    the output thread encodes and sends results, so that serialization overlaps with the next step.
+    """
+
+    def __init__(self, engine_core: EngineCore, input_socket: zmq.Socket, output_socket: zmq.Socket) -> None:
+        self.engine_core = engine_core
+        self.input_socket = input_socket
+        self.output_socket = output_socket
+        self.input_queue: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.output_queue: queue.Queue[Any] = queue.Queue()
+        self._shutdown_requested = False
+        self._utilities: dict[str, Callable[..., Any]] = {
+            "stats": engine_core.stats,
+            "reset_prefix_cache": engine_core.reset_prefix_cache,
+            "has_unfinished_requests": engine_core.has_unfinished_requests,
+        }
+
+    def run(self) -> int:
+        """Serve until a SHUTDOWN message (returns 0) or an engine error (sent to the client; returns 1)."""
+        threading.Thread(target=self._input_thread, name="vx-engine-input", daemon=True).start()
+        out_thread = threading.Thread(target=self._output_thread, name="vx-engine-output")
+        out_thread.start()
+        code = 0
+        try:
+            self._busy_loop()
+        except BaseException as e:  # noqa: BLE001 - any failure ends the engine; the client must hear why
+            code = 1
+            logger.error("vx engine failed: %s", describe_exception(e))
+            self.output_queue.put(EngineCoreOutputs(timestamp=time.monotonic(), engine_error=describe_exception(e)))
+        finally:
+            self.output_queue.put(_STOP)
+            out_thread.join()
+            try:
+                self.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - the process exits anyway
+                logger.exception("vx engine shutdown failed")
+        return code
+
+    def _busy_loop(self) -> None:
+        core = self.engine_core
+        while not self._shutdown_requested:
+            if not core.has_unfinished_requests():
+                self._handle(self.input_queue.get())  # idle: sleep until a message comes
+            while True:  # between steps, apply everything that arrived (adds, aborts, utility calls)
+                try:
+                    item = self.input_queue.get_nowait()
+                except queue.Empty:
+                    break
+                self._handle(item)
+            if self._shutdown_requested:
+                return
+            if core.has_unfinished_requests():
+                outputs = core.step()
+                if outputs.outputs:
+                    self.output_queue.put(outputs)
+
+    def _handle(self, item: tuple[Any, Any]) -> None:
+        request_type, payload = item
+        if request_type == EngineCoreRequestType.ADD:
+            try:
+                self.engine_core.add_request(payload)
+            except Exception as e:  # noqa: BLE001 - a refused request fails alone
+                self._send_input_error(f"{type(e).__name__}: {e}", payload.request_id)
+        elif request_type == EngineCoreRequestType.ABORT:
+            self.engine_core.abort_requests(payload)
+        elif request_type == EngineCoreRequestType.UTILITY:
+            self._call_utility(payload)
+        elif request_type == EngineCoreRequestType.SHUTDOWN:
+            self._shutdown_requested = True
+        elif request_type is _FAIL:
+            raise RuntimeError(f"could not encode an output message: {payload}") from payload
+        else:  # a message the input thread could not decode
+            self.output_queue.put(EngineCoreOutputs(timestamp=time.monotonic(), input_errors=[payload]))
+
+    def _send_input_error(self, message: str, request_id: str | None) -> None:
+        err = InputError(message=message, request_id=request_id)
+        self.output_queue.put(EngineCoreOutputs(timestamp=time.monotonic(), input_errors=[err]))
+
+    def _call_utility(self, req: UtilityRequest) -> None:
+        fn = self._utilities.get(req.method)
+        if fn is None:
+            out = UtilityOutput(call_id=req.call_id, error=f"unknown utility method {req.method!r}; known: "
+                                f"{', '.join(sorted(self._utilities))}")
+        else:
+            try:
+                out = UtilityOutput(call_id=req.call_id, result=msgspec.to_builtins(fn(*req.args)))
+            except Exception as e:  # noqa: BLE001 - a failed call fails alone
+                out = UtilityOutput(call_id=req.call_id, error=f"{type(e).__name__}: {e}")
+        self.output_queue.put(EngineCoreOutputs(timestamp=time.monotonic(), utility_output=out))
+
+    def _input_thread(self) -> None:
+        decoder = InputDecoder()
+        sock = self.input_socket
+        try:
+            while True:
+                try:
+                    frames = sock.recv_multipart()
+                except zmq.ContextTerminated:
+                    return
+                try:
+                    item: tuple[EngineCoreRequestType | None, Any] = decoder.decode(frames)
+                except ValueError as e:
+                    logger.warning("vx engine: %s", e)
+                    item = (None, InputError(message=str(e), request_id=decoder.request_id_of(frames)))
+                self.input_queue.put(item)
+                if item[0] == EngineCoreRequestType.SHUTDOWN:
+                    return
+        finally:
+            sock.close(linger=0)
+
+    def _output_thread(self) -> None:
+        sock = self.output_socket
+        try:
+            while (item := self.output_queue.get()) is not _STOP:
+                try:
+                    frame = encode_output(item)
+                except Exception as e:  # noqa: BLE001 - a bug; the main thread must fail the engine
+                    self.input_queue.put((_FAIL, e))
+                    continue
+                sock.send(frame)
+        finally:
+            sock.close(linger=_OUTPUT_LINGER_MS)
+
+
+def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: str, ipc_dir: str) -> None:
+    """Entry point of the engine process (a multiprocessing spawn target): build, handshake, serve, exit.
+
+    The config is built here from the plain `EngineArgs`, so that no model objects cross the process boundary.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the application, which shuts us down
+    _watch_parent(ipc_dir)
+    ctx = zmq.Context()
+    out_sock = ctx.socket(zmq.PUSH)
+    out_sock.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow reader
+    out_sock.connect(output_addr)
+    in_sock = ctx.socket(zmq.PULL)
+    in_sock.setsockopt(zmq.RCVHWM, 0)
+    in_sock.connect(input_addr)
+    try:
+        core = EngineCore(engine_args.create_config())
+        _install_test_hooks(core)
+    except BaseException as e:  # noqa: BLE001 - report any start-up failure through the handshake
+        logger.error("vx engine failed to start: %s", describe_exception(e))
+        out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), error=describe_exception(e))))
+        in_sock.close(linger=0)
+        out_sock.close(linger=_OUTPUT_LINGER_MS)
+        ctx.term()
+        sys.exit(1)
+    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks)))
+    code = EngineCoreProc(core, in_sock, out_sock).run()
+    # Returns once the input thread has closed its socket (it sees ETERM) and the output has flushed.
+    ctx.term()
+    sys.exit(code)
+
+
+def _watch_parent(ipc_dir: str) -> None:
+    """Exit when the parent process dies, even by SIGKILL; a daemon thread that sleeps until then."""
+    parent = multiprocessing.parent_process()
+    parent_pid = os.getppid()
+
+    def watch() -> None:
+        if parent is not None and parent.sentinel is not None:
+            # The spawn pipe from the parent: it reaches EOF (readable) only when the parent is gone.
+            multiprocessing.connection.wait([parent.sentinel])
+        else:  # pragma: no cover - spawn always provides the sentinel
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+        shutil.rmtree(ipc_dir, ignore_errors=True)  # nobody else is left to remove it
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vx-parent-watchdog", daemon=True).start()
+
+
+def _install_test_hooks(core: EngineCore) -> None:
+    """Test-only: install the fault injection of `TEST_FAIL_AFTER_STEPS_ENV` when it is set."""
+    raw = os.environ.get(TEST_FAIL_AFTER_STEPS_ENV)
+    if not raw:
+        return
+    limit = int(raw)
+    counter = itertools.count()
+
+    def fail_after(_scheduler_output: Any) -> None:
+        if next(counter) >= limit:
+            raise RuntimeError(f"injected failure after {limit} model steps ({TEST_FAIL_AFTER_STEPS_ENV})")
+
+    core.executor.worker.model_runner.pre_execute_hook = fail_after  # type: ignore[attr-defined]

@@ -1,0 +1,172 @@
+"""Every message between the client and the engine core, as msgspec Structs (msgpack on the wire, no pickle)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+from vx.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended. Compact on the wire; `str()` gives the OpenAI-style name."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """A tokenized, validated request for the engine core."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: list[int] = []
+    arrival_time: float = 0.0
+    priority: int = 0
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """New tokens of one request from one engine step, and its end if it ended."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class InputError(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """An input message the engine could not act on (malformed, unknown, refused); the engine keeps serving."""
+
+    message: str
+    request_id: str | None = None  # the request it concerns, when that could be read
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """Everything one engine step (or a utility call) sends back.
+
+    `engine_error` set means the engine failed and this is its last message before the process exits.
+    """
+
+    outputs: list[EngineCoreOutput] = []
+    timestamp: float = 0.0
+    finished_requests: list[str] = []
+    utility_output: "UtilityOutput | None" = None
+    engine_error: str | None = None
+    input_errors: list[InputError] = []
+
+
+class EngineCoreRequestType(enum.IntEnum):
+    """What an input message to the engine core asks for."""
+
+    ADD = 0
+    ABORT = 1
+    UTILITY = 2
+    SHUTDOWN = 3
+
+
+class UtilityRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """Call a named method of the engine core (e.g. "stats") and send its result back."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """The result of a `UtilityRequest`: a msgpack-able value, or an error message."""
+
+    call_id: int
+    result: Any = None
+    error: str | None = None
+
+
+class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """The handshake: the engine process's first output message, once it serves or when it failed to start."""
+
+    pid: int
+    num_kv_blocks: int = 0
+    error: str | None = None  # set when start-up failed; the process exits right after sending it
+
+
+# ------------------------------------------------------------------------------------------- wire format
+# Input (client -> engine): two frames, [one byte EngineCoreRequestType, msgpack payload].
+#   ADD: EngineCoreRequest, ABORT: list[str] (request ids), UTILITY: UtilityRequest, SHUTDOWN: empty.
+# Output (engine -> client): one msgpack frame; the first is an EngineCoreReady, all later ones EngineCoreOutputs.
+
+_ENCODER = msgspec.msgpack.Encoder()
+_PAYLOAD_TYPES: dict[EngineCoreRequestType, Any] = {
+    EngineCoreRequestType.ADD: EngineCoreRequest,
+    EngineCoreRequestType.ABORT: list[str],
+    EngineCoreRequestType.UTILITY: UtilityRequest,
+}
+
+
+def encode_input(request_type: EngineCoreRequestType, payload: Any = None) -> list[bytes]:
+    """The frames of one input message (see the wire format above)."""
+    body = b"" if request_type == EngineCoreRequestType.SHUTDOWN else _ENCODER.encode(payload)
+    return [bytes((int(request_type),)), body]
+
+
+def encode_output(msg: "EngineCoreOutputs | EngineCoreReady") -> bytes:
+    """The single frame of one output message."""
+    return _ENCODER.encode(msg)
+
+
+class InputDecoder:
+    """Decodes input messages in the engine; anything malformed raises `ValueError` naming what is wrong."""
+
+    def __init__(self) -> None:
+        self._decoders = {t: msgspec.msgpack.Decoder(typ) for t, typ in _PAYLOAD_TYPES.items()}
+        self._raw = msgspec.msgpack.Decoder()
+
+    def decode(self, frames: list[bytes]) -> tuple[EngineCoreRequestType, Any]:
+        if len(frames) != 2 or len(frames[0]) != 1:
+            raise ValueError(f"malformed input message: expected 2 frames [type byte, payload], got "
+                             f"{len(frames)} frame(s)")
+        try:
+            request_type = EngineCoreRequestType(frames[0][0])
+        except ValueError:
+            raise ValueError(f"unknown input message type {frames[0][0]}") from None
+        if request_type == EngineCoreRequestType.SHUTDOWN:
+            return request_type, None
+        try:
+            return request_type, self._decoders[request_type].decode(frames[1])
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError) as e:
+            raise ValueError(f"malformed {request_type.name} message: {e}") from None
+
+    def request_id_of(self, frames: list[bytes]) -> str | None:
+        """Best effort: the request id of a (malformed) ADD message, so its error can reach its request."""
+        if len(frames) != 2 or frames[0] != bytes((int(EngineCoreRequestType.ADD),)):
+            return None
+        try:
+            raw = self._raw.decode(frames[1])
+        except Exception:
+            return None
+        rid = raw[0] if isinstance(raw, list) and raw else None
+        return rid if isinstance(rid, str) else None
+
+
+class OutputDecoder:
+    """Decodes output messages in the client."""
+
+    def __init__(self) -> None:
+        self._outputs = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self._ready = msgspec.msgpack.Decoder(EngineCoreReady)
+
+    def decode(self, frame: bytes) -> EngineCoreOutputs:
+        return self._outputs.decode(frame)
+
+    def decode_ready(self, frame: bytes) -> EngineCoreReady:
+        return self._ready.decode(frame)

@@ -1,0 +1,186 @@
+"""Continuous-batching scheduler: a token budget per step, chunked prefill, preemption by recompute."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Iterable
+
+from vx.cache import KVCacheManager
+from vx.config import CacheConfig, SchedulerConfig
+from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs
+from vx.core.request import Request, RequestStatus
+from vx.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+class Scheduler:
+    """Decides each step which requests compute how many tokens, and applies the results.
+
+    Running requests go first, in arrival order; each gets the tokens it still lacks (prefill
+    chunk or one decode token) while the token budget lasts. When the KV cache cannot grow a
+    running request, the latest-arrived running request is preempted: its blocks are freed and it
+    goes back to the front of the waiting queue, to resume later from whatever prefix is still cached.
+    Waiting requests are admitted only in steps without preemption.
+    """
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 kv_cache_manager: KVCacheManager) -> None:
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = kv_cache_manager
+        self.max_model_len = scheduler_config.max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+        self.num_steps = 0
+
+    # ---------------------------------------------------------------- intake
+    def add_request(self, request: Request) -> None:
+        """Queue a new request; a request id that is still live is refused."""
+        if request.request_id in self.requests:
+            raise ValueError(f"Request id {request.request_id!r} is already running; ids must be unique "
+                             "among live requests.")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[str]:
+        """End requests from outside (abort); unknown or already-ended ids are ignored."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+            done.append(rid)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step under `max_num_batched_tokens` and `max_num_seqs`."""
+        budget = self.config.max_num_batched_tokens
+        kv = self.kv_cache_manager
+        scheduled: list[ScheduledRequest] = []
+        preempted_ids: set[str] = set()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:  # nothing to compute (cannot happen without speculative tokens)
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(req, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted_ids.add(victim.request_id)
+                if victim is req:
+                    break
+            if new_blocks is None:
+                break
+            scheduled.append(ScheduledRequest(
+                req.request_id, False,
+                req.all_token_ids[req.num_computed_tokens:req.num_computed_tokens + num_new],
+                req.num_computed_tokens, [b.block_id for b in new_blocks], req.sampling_params,
+                req.num_computed_tokens + num_new >= req.num_tokens, req.output_token_ids))
+            budget -= num_new
+            i += 1
+
+        if not preempted_ids:
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                req = self.waiting[0]
+                computed_blocks, num_computed = kv.get_computed_blocks(req)
+                num_new = req.num_tokens - num_computed
+                if not self.config.enable_chunked_prefill and num_new > budget:
+                    break
+                num_new = min(num_new, budget)
+                new_blocks = kv.allocate_slots(req, num_new, num_computed, computed_blocks)
+                if new_blocks is None:
+                    break
+                self.waiting.popleft()
+                resumed = req.status == RequestStatus.PREEMPTED
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = num_computed
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = num_computed
+                self.running.append(req)
+                scheduled.append(ScheduledRequest(
+                    req.request_id, True, req.all_token_ids[num_computed:num_computed + num_new],
+                    num_computed, kv.get_block_ids(req.request_id), req.sampling_params,
+                    num_computed + num_new >= req.num_tokens, req.output_token_ids))
+                budget -= num_new
+                if resumed:
+                    preempted_ids.discard(req.request_id)
+
+        total = 0
+        for sr in scheduled:
+            n = len(sr.token_ids)
+            self.requests[sr.req_id].num_computed_tokens += n
+            total += n
+        out = SchedulerOutput(scheduled, total, self.finished_req_ids, preempted_ids)
+        self.finished_req_ids = set()
+        return out
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---------------------------------------------------------------- update
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> EngineCoreOutputs:
+        """Append sampled tokens, stop finished requests, free their blocks, and report."""
+        self.num_steps += 1
+        outputs: list[EngineCoreOutput] = []
+        finished: list[str] = []
+        for req_id, token in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+            req = self.requests.get(req_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted while its step was in flight
+            req.append_output_token_id(token)
+            status = self._check_stop(req, token)
+            if status is not None:
+                self.running.remove(req)
+                req.status = status
+                self._free(req)
+                finished.append(req_id)
+            outputs.append(EngineCoreOutput(
+                request_id=req_id, new_token_ids=[token], finish_reason=req.status.finish_reason,
+                stop_reason=req.stop_reason, num_cached_tokens=max(req.num_cached_tokens, 0)))
+        return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic(), finished_requests=finished)
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        n_out = req.num_output_tokens
+        if n_out >= params.min_tokens:
+            if not params.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop_token_ids and token in params.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _free(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        self.finished_req_ids.add(req.request_id)
+        del self.requests[req.request_id]

@@ -1,0 +1,70 @@
+"""Allocating per-layer KV caches and binding them (with the backend impl) onto the model's Attention layers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from vx.gpu.attention.backend import AttentionBackend
+from vx.gpu.attention.torch_backend import TorchAttentionBackend
+from vx.models.layers.attention import Attention
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).replace("torch.", "")]
+    except KeyError:
+        raise ValueError(f"Unsupported KV-cache dtype {dtype!r}; use one of {', '.join(_DTYPES)}.") from None
+
+
+def _model_dims(model_config: Any) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim) from a vx ModelConfig or a Hugging Face config."""
+    if hasattr(model_config, "num_layers"):
+        return int(model_config.num_layers), int(model_config.num_kv_heads), int(model_config.head_dim)
+    c = model_config
+    heads = int(c.num_attention_heads)
+    kv = int(getattr(c, "num_key_value_heads", None) or heads)
+    hd = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    return int(c.num_hidden_layers), kv, hd
+
+
+def bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype | str,
+                    backend: type[AttentionBackend] = TorchAttentionBackend) -> int:
+    """KV-cache bytes one block costs across all layers (to size num_blocks from a memory budget)."""
+    layers, kv_heads, head_dim = _model_dims(model_config)
+    per_layer = math.prod(backend.get_kv_cache_shape(1, block_size, kv_heads, head_dim))
+    return layers * per_layer * _as_dtype(dtype).itemsize
+
+
+def attention_layers(model: nn.Module) -> list[Attention]:
+    """The model's Attention layers ordered by layer_idx (which must be unique)."""
+    layers = sorted((m for m in model.modules() if isinstance(m, Attention)), key=lambda m: m.layer_idx)
+    idx = [m.layer_idx for m in layers]
+    if len(set(idx)) != len(idx):
+        raise ValueError(f"Attention layers have duplicate layer_idx values: {idx}.")
+    return layers
+
+
+def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks: int, block_size: int,
+                   dtype: torch.dtype | str, device: torch.device | str) -> list[torch.Tensor]:
+    """Allocate a zeroed cache per Attention layer, bind it and a backend impl onto the layer; return them."""
+    layers = attention_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no vx Attention layers to bind a KV cache to.")
+    impl_cls = backend.get_impl_cls()
+    caches: list[torch.Tensor] = []
+    for layer in layers:
+        shape = backend.get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+        cache = torch.zeros(shape, dtype=_as_dtype(dtype), device=device)
+        layer.kv_cache = cache
+        layer.impl = impl_cls(layer.num_heads, layer.head_dim, layer.scale, layer.num_kv_heads,
+                              sliding_window=layer.sliding_window)
+        caches.append(cache)
+    return caches

@@ -1,0 +1,88 @@
+"""Runs the model for one scheduled step: build inputs, forward, logits for sampling rows, sample."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vx.config import VxConfig
+from vx.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from vx.gpu.attention import get_attn_backend
+from vx.gpu.attention.backend import CommonAttentionMetadata
+from vx.gpu.input_batch import InputBatch
+from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
+from vx.gpu.sampler import Sampler
+from vx.gpu.sampling_metadata import SamplingMetadata
+from vx.models.loader import DefaultModelLoader
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    """Owns the model, its KV cache tensors, the persistent batch state and the sampler."""
+
+    def __init__(self, config: VxConfig, device: torch.device) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        self.device = device
+        self.dtype = _DTYPES[config.model_config.dtype]
+        self.block_size = config.cache_config.block_size
+        self.input_batch = InputBatch(self.block_size, device, config.model_config.seed)
+        self.sampler = Sampler()
+        self.model: torch.nn.Module | None = None
+        self.attn_backend = get_attn_backend(config.device_config.attention_backend, device.type)
+        self.kv_caches: list[torch.Tensor] = []
+        # A hook for fault-injection tests: called with the SchedulerOutput before each forward.
+        self.pre_execute_hook = None
+
+    def load_model(self) -> None:
+        self.model = DefaultModelLoader().load_model(
+            self.model_config.model, self.model_config.hf_config, self.dtype, self.device)
+
+    def kv_cache_bytes_per_block(self) -> int:
+        return bytes_per_block(self.model_config, self.block_size, self.dtype, self.attn_backend)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert self.model is not None, "load_model() first"
+        self.kv_caches = bind_kv_caches(self.model, self.attn_backend, num_blocks, self.block_size,
+                                        self.dtype, self.device)
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """Compute the scheduled tokens and sample one token for each request that reached its end."""
+        self.input_batch.update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput.empty()
+        if self.pre_execute_hook is not None:
+            self.pre_execute_hook(so)
+        inp = self.input_batch.prepare(so)
+        dev = self.device
+        qsl_cpu = torch.from_numpy(inp.query_start_loc)
+        seq_lens_cpu = torch.from_numpy(inp.seq_lens)
+        common = CommonAttentionMetadata(
+            query_start_loc=qsl_cpu.to(dev, non_blocking=True),
+            query_start_loc_cpu=qsl_cpu,
+            seq_lens=seq_lens_cpu.to(dev, non_blocking=True),
+            seq_lens_cpu=seq_lens_cpu,
+            block_table=torch.from_numpy(inp.block_table).to(dev, non_blocking=True),
+            slot_mapping=torch.from_numpy(inp.slot_mapping).to(dev, non_blocking=True),
+            num_reqs=so.num_reqs,
+            num_actual_tokens=so.total_num_scheduled_tokens,
+            max_query_len=inp.max_query_len,
+            max_seq_len=inp.max_seq_len,
+            block_size=self.block_size,
+        )
+        attn_metadata = self.attn_backend.build_metadata(common)
+        hidden = self.model(inp.input_ids.to(dev, non_blocking=True),
+                            inp.positions.to(dev, non_blocking=True), attn_metadata)
+        if not inp.sampling_req_ids:
+            return ModelRunnerOutput.empty()
+        logits = self.model.compute_logits(hidden[inp.logits_indices.to(dev)])
+        states = inp.sampling_states
+        generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
+        meta = SamplingMetadata.build([s.sampling_params for s in states], generators, dev)
+        sampled = self.sampler(logits, meta).sampled_token_ids
+        return ModelRunnerOutput(inp.sampling_req_ids, sampled.tolist())

@@ -1,0 +1,111 @@
+"""The batched token sampler: one next token per row from the last-position logits.
+
+Greedy rows take the argmax of the raw logits. Random rows apply temperature, then top-k, then top-p, then min-p,
+and draw with the exponential race: argmax(probs / q), q ~ Exponential(1) i.i.d. per token, picks token i with
+probability probs[i] / sum(probs). The race needs neither normalised probs nor a cumulative sum, and it lets each
+seeded row draw its q from its own generator, so a seeded request samples the same tokens whatever batch it is in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from vx.gpu.sampling_metadata import GREEDY_TEMPERATURE_EPS, SamplingMetadata
+
+# Smallest q we divide by: Exponential(1) can return exactly 0, and 0/0 would be NaN, which argmax would pick.
+_Q_MIN = torch.finfo(torch.float32).tiny
+
+
+@dataclass
+class SamplerOutput:
+    """What the sampler gives back for one step."""
+
+    sampled_token_ids: torch.Tensor  # int64 [B]
+    logprobs: torch.Tensor | None = None  # reserved for top-logprobs; None for now
+
+
+class Sampler(nn.Module):
+    """Samples one token per row of `logits` under `SamplingMetadata`; holds no state."""
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Token ids [B] for float logits [B, V]. Does not modify `logits`."""
+        logits = logits.float()  # no-op for float32; bf16/fp16 logits would lose too much in softmax
+        if metadata.all_greedy:
+            # Fast path: nothing random in the batch, so one argmax is the whole step.
+            return SamplerOutput(sampled_token_ids=logits.argmax(dim=-1))
+
+        greedy_ids = None if metadata.all_random else logits.argmax(dim=-1)
+        sampled = self._sample_random(logits, metadata)
+        if greedy_ids is not None:
+            # Greedy rows take the argmax of the raw logits, not of anything derived from them.
+            sampled = torch.where(metadata.temperature < GREEDY_TEMPERATURE_EPS, greedy_ids, sampled)
+        return SamplerOutput(sampled_token_ids=sampled)
+
+    def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Token ids for every row as if all were random; greedy rows' results are discarded by the caller."""
+        temp = md.temperature
+        if not md.all_random:
+            # Greedy rows have temperature 0; divide them by 1 instead so they stay finite (then get replaced).
+            temp = torch.where(temp < GREEDY_TEMPERATURE_EPS, torch.ones_like(temp), temp)
+        logits = logits / temp.unsqueeze(1)  # a new tensor: the in-place steps below never touch the caller's
+
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        probs = logits.softmax(dim=-1)
+        if md.min_p is not None:
+            probs = apply_min_p(probs, md.min_p)
+        return exponential_race(probs, md.generators)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """Set to -inf every logit outside the row's top `k` (0 = off), then outside its top-`p` nucleus.
+
+    One ascending sort serves both filters: top-k masks a prefix of sorted positions, top-p masks the sorted
+    positions whose cumulative probability (from the bottom) stays within 1 - p. The result is scattered back to
+    vocabulary order, so downstream draws (and hence seeded samples) never depend on whether other rows in the
+    batch switched these filters on. Returns a new tensor; `logits` may be overwritten.
+    """
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        # Keep exactly the last k sorted positions (ties at the cut are broken by the sort, as with torch.topk).
+        # k = 0 means off, and k >= V leaves a non-positive cut, which masks nothing.
+        cut = torch.where(k > 0, vocab - k, torch.zeros_like(k))
+        positions = torch.arange(vocab, device=logits.device)
+        sorted_logits.masked_fill_(positions.unsqueeze(0) < cut.unsqueeze(1), float("-inf"))
+    if p is not None:
+        # Probabilities after top-k, i.e. renormalised over the kept tokens, as in vLLM.
+        cum = sorted_logits.softmax(dim=-1).cumsum_(dim=-1)
+        # A token goes when the tokens above it already hold >= p: cum (mass at or below it) <= 1 - p.
+        drop = cum <= (1.0 - p).unsqueeze(1)
+        drop[:, -1] = False  # the top token always stays, even if rounding says otherwise
+        sorted_logits.masked_fill_(drop, float("-inf"))
+    return logits.scatter_(dim=-1, index=order, src=sorted_logits)
+
+
+def apply_min_p(probs: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zero, in place, every prob below min_p times the row's largest prob; min_p = 0 keeps all.
+
+    The probs are not renormalised: the exponential race is invariant to a row's scale.
+    """
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return probs.masked_fill_(probs < threshold, 0.0)
+
+
+def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One token per row drawn in proportion to `probs` (non-negative, not necessarily normalised).
+
+    Unseeded rows share one draw from the default generator; each seeded row then redraws its q from its own
+    generator, so its sample depends only on its probs and its generator state, never on its batch. `probs` is
+    overwritten.
+    """
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, gen in generators.items():
+        q[row].exponential_(generator=gen)
+    q.clamp_min_(_Q_MIN)
+    return probs.div_(q).argmax(dim=-1)

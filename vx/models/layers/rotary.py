@@ -1,0 +1,140 @@
+"""Rotary position embedding (rotate-half / neox style, as Hugging Face Llama applies it).
+
+cos and sin are precomputed for every position up to `max_position` in float32, exactly as Hugging Face
+computes them on the fly (positions * inv_freq, then cos/sin), so results match bit for bit before the cast.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass
+class RopeConfig:
+    """The rope settings of a model, whichever way its config stores them."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    partial_rotary_factor: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)  # factor, low_freq_factor, ...
+
+
+def get_rope_config(hf_config: Any) -> RopeConfig:
+    """Read rope settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (older)."""
+    params: dict[str, Any] = {}
+    rp = getattr(hf_config, "rope_parameters", None)
+    if isinstance(rp, dict):
+        params.update(rp)
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        for k, v in scaling.items():
+            params.setdefault(k, v)
+    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) \
+        or getattr(hf_config, "default_theta", None) or 10000.0
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    partial = params.get("partial_rotary_factor") or getattr(hf_config, "partial_rotary_factor", None) or 1.0
+    if rope_type in ("llama3", "yarn", "longrope"):
+        # Same fallback Hugging Face uses when the checkpoint omits it.
+        params.setdefault("original_max_position_embeddings",
+                          getattr(hf_config, "original_max_position_embeddings", None)
+                          or hf_config.max_position_embeddings)
+    return RopeConfig(theta=float(theta), rope_type=str(rope_type), partial_rotary_factor=float(partial),
+                      params=params)
+
+
+def compute_inv_freq(rotary_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """Inverse frequencies [rotary_dim/2] in float32 for the rope type (default, linear, llama3)."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim))
+    if rope.rope_type == "default":
+        return inv_freq
+    if rope.rope_type == "linear":
+        return inv_freq / rope.params["factor"]
+    if rope.rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, rope.params)
+    raise ValueError(f"rope_type {rope.rope_type!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}.")
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 scaling: keep high frequencies, divide low ones by `factor`, blend smoothly in between."""
+    factor = p["factor"]
+    low, high = p["low_freq_factor"], p["high_freq_factor"]
+    old_len = p["original_max_position_embeddings"]
+    low_freq_wavelen = old_len / low
+    high_freq_wavelen = old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies rotary embedding to q and k by token position.
+
+    The model calls `cos_sin(positions, dtype)` once per forward and passes the pair to every layer's
+    `apply`, so the gather from the cache happens once rather than per layer.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig) -> None:
+        super().__init__()
+        if rope.rope_type not in _SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope_type {rope.rope_type!r} is not supported; "
+                             f"supported: {', '.join(_SUPPORTED_ROPE_TYPES)}.")
+        self.head_dim = head_dim
+        self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
+        self.max_position = max_position
+        inv_freq = compute_inv_freq(self.rotary_dim, rope)
+        # Built on the CPU for the same numbers on every device, then moved to the default (target) device.
+        t = torch.arange(max_position, dtype=torch.float32, device="cpu")
+        freqs = t[:, None] * inv_freq[None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        # Stored so that x*cos + swap_halves(x)*sin is the rotation: sin carries the sign of rotate_half.
+        cos_full = torch.cat((cos, cos), dim=-1)
+        sin_full = torch.cat((-sin, sin), dim=-1)
+        # float32 even for half models (HF computes cos/sin in float32, then casts): cast once per forward.
+        self.register_buffer("cos_cache", cos_full.to(torch.get_default_device()), persistent=False)
+        self.register_buffer("sin_cache", sin_full.to(torch.get_default_device()), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, rotary_dim] for the given positions, in `dtype`, broadcastable over heads."""
+        cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        return cos, sin
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x [T, heads, head_dim] (its first rotary_dim dims) by the given cos/sin."""
+        rd = self.rotary_dim
+        if rd == self.head_dim:
+            return x * cos + _swap_halves(x) * sin
+        rot, rest = x[..., :rd], x[..., rd:]
+        return torch.cat((rot * cos + _swap_halves(rot) * sin, rest), dim=-1)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q [T, Hq*D] and k [T, Hk*D] for `positions` [T]; returns the same shapes."""
+        cos, sin = self.cos_sin(positions, q.dtype)
+        t = q.shape[0]
+        q = self.apply(q.view(t, -1, self.head_dim), cos, sin).reshape(t, -1)
+        k = self.apply(k.view(t, -1, self.head_dim), cos, sin).reshape(t, -1)
+        return q, k
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"
+
+
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
+
+
+def get_rope(hf_config: Any, head_dim: int, max_position: int | None = None) -> RotaryEmbedding:
+    """Build the rotary embedding a Hugging Face config describes."""
+    max_pos = max_position or int(hf_config.max_position_embeddings)
+    return RotaryEmbedding(head_dim, max_pos, get_rope_config(hf_config))

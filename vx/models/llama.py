@@ -1,0 +1,214 @@
+"""Llama-family decoder: Llama, Mistral, Qwen2 and Qwen3 share this one implementation.
+
+Differences are read from the Hugging Face config: Qwen2 always has q/k/v bias, Qwen3 has per-head
+q/k RMSNorm and an explicit head_dim, Llama may have `attention_bias` / `mlp_bias`, Mistral (and Qwen with
+`use_sliding_window`) has a sliding window. Tokens of the whole batch arrive flattened ([T]), no batch dim.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from vx.models.layers.activation import SiluAndMul
+from vx.models.layers.attention import Attention
+from vx.models.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vx.models.layers.norm import RMSNorm
+from vx.models.layers.rotary import RotaryEmbedding, get_rope
+from vx.models.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+
+logger = logging.getLogger(__name__)
+
+
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _sliding_window(config: Any, layer_idx: int) -> int | None:
+    """The layer's window, or None; `layer_types` (Qwen2/3) can leave some layers at full attention."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
+        return None
+    return int(window)
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU MLP with gate and up projections fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x))."""
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention block: fused qkv projection, optional q/k norm, rotary, paged attention, o_proj."""
+
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+        super().__init__()
+        model_type = getattr(config, "model_type", "llama")
+        self.head_dim = _head_dim(config)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias = True if model_type == "qwen2" else attention_bias
+        o_bias = False if model_type == "qwen2" else attention_bias
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
+                                          bias=qkv_bias)
+        self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias)
+        self.q_size = self.qkv_proj.q_size
+        self.kv_size = self.qkv_proj.kv_size
+        self.use_qk_norm = model_type == "qwen3"
+        if self.use_qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        # Shared module, held as a plain attribute so it is not registered once per layer.
+        self.__dict__["rotary_emb"] = rotary_emb
+        self.attn = Attention(self.qkv_proj.num_heads, self.head_dim, self.head_dim ** -0.5,
+                              self.qkv_proj.num_kv_heads, layer_idx=layer_idx,
+                              sliding_window=_sliding_window(config, layer_idx))
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_metadata: Any) -> torch.Tensor:
+        """hidden [T, hidden] -> attention output [T, hidden]; cos/sin come from the model's rotary."""
+        t = hidden_states.shape[0]
+        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, -1, self.head_dim)
+        k = k.view(t, -1, self.head_dim)
+        if self.use_qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = self.rotary_emb.apply(q, cos, sin).view(t, -1)
+        k = self.rotary_emb.apply(k, cos, sin).view(t, -1)
+        return self.o_proj(self.attn(q, k, v, attn_metadata))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm decoder layer; the residual add is fused into the next norm."""
+
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (mlp output, residual); the caller adds them (in the next layer's or the final norm)."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(hidden_states, cos, sin, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = get_rope(config, _head_dim(config))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+        """Token ids [T] and positions [T] -> final-normed hidden states [T, hidden]."""
+        hidden_states = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(hidden_states, residual, cos, sin, attn_metadata)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM head on `LlamaModel`; serves LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM."""
+
+    # Fused parameter -> the checkpoint projections it holds, in order.
+    packed_modules_mapping: dict[str, list[str]] = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    # (fused name, checkpoint name, shard id) for the weight loader.
+    _stacked_params: list[tuple[str, str, str | int]] = [
+        ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
+    ]
+    # Checkpoint entries that are derived state, not weights.
+    _skip_suffixes = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+    def __init__(self, hf_config: Any) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.model = LlamaModel(hf_config)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
+        if self.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
+        """Flattened batch tokens [T] at `positions` [T] -> hidden states [T, hidden]."""
+        return self.model(input_ids, positions, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, vocab] for the rows that sample."""
+        return self.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face named tensors into (fused) parameters; returns the parameter names loaded."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        shards_seen: dict[str, set[str | int]] = {}
+        for name, tensor in weights:
+            if name.endswith(self._skip_suffixes):
+                continue
+            if self.tie_word_embeddings and name == "lm_head.weight":
+                continue  # the embedding holds this tensor
+            target, shard_id = name, None
+            for fused, ckpt, sid in self._stacked_params:
+                if f".{ckpt}." in name:
+                    target, shard_id = name.replace(f".{ckpt}.", f".{fused}."), sid
+                    break
+            param = params.get(target)
+            if param is None:
+                logger.warning("Ignoring checkpoint tensor %s: the model has no parameter for it.", name)
+                continue
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            with torch.no_grad():
+                if shard_id is None:
+                    loader(param, tensor)
+                    loaded.add(target)
+                else:
+                    loader(param, tensor, shard_id)
+                    shards_seen.setdefault(target, set()).add(shard_id)
+        # A fused parameter counts as loaded only once every sub-projection has arrived.
+        for target, seen in shards_seen.items():
+            expected = {sid for fused, _, sid in self._stacked_params if f".{fused}." in target}
+            if seen >= expected:
+                loaded.add(target)
+        return loaded
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Whole-tensor copy with a shape check, for parameters without a sharding rule (norms)."""
+    if param.shape != loaded_weight.shape:
+        raise ValueError(f"checkpoint shape {tuple(loaded_weight.shape)} does not match {tuple(param.shape)}.")
+    param.data.copy_(loaded_weight)

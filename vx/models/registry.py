@@ -1,0 +1,28 @@
+"""Hugging Face architecture name -> vx model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from vx.models.llama import LlamaForCausalLM
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    """Architecture names (as in config.json `architectures`) that vx can run."""
+    return sorted(_MODELS)
+
+
+def resolve_model_class(arch: str) -> type[nn.Module]:
+    """The class serving `arch`; ValueError listing the supported ones if there is none."""
+    try:
+        return _MODELS[arch]
+    except KeyError:
+        raise ValueError(f"Model architecture {arch!r} is not supported. "
+                         f"Supported: {', '.join(supported_architectures())}.") from None

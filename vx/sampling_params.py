@@ -1,0 +1,146 @@
+"""Per-request sampling controls, named as in vLLM so that vLLM users feel at home."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each `RequestOutput` of a streaming request carries."""
+
+    CUMULATIVE = 0  # all text/tokens so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # a single output when the request finishes
+
+
+_INT_MAX = 2**63 - 1
+
+
+class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """How to sample one request. Validated at construction: bad values raise `ValueError`."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    bad_words: list[str] | None = None
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.top_k == -1:
+            self.top_k = 0
+        self._verify()
+
+    # ------------------------------------------------------------------ checks
+    def _verify(self) -> None:
+        _check_int("n", self.n, lo=1)
+        _check_num("temperature", self.temperature, lo=0.0)
+        _check_num("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        _check_int("top_k", self.top_k, lo=0)
+        _check_num("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.seed is not None:
+            _check_int("seed", self.seed, lo=-(2**63), hi=_INT_MAX)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, lo=1)
+        _check_int("min_tokens", self.min_tokens, lo=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})."
+            )
+        if self.stop is not None:
+            if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+                raise ValueError("stop must be a string or a list of strings.")
+            if any(s == "" for s in self.stop):
+                raise ValueError("stop strings must not be empty.")
+            for s in self.stop:
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"stop string {s!r} is not valid UTF-8: {e}") from None
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, list):
+                raise ValueError("stop_token_ids must be a list of ints.")
+            for t in self.stop_token_ids:
+                _check_int("stop_token_ids[i]", t, lo=0)
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+                     "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except (ValueError, TypeError):
+                raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.") from None
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, lo=0)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, lo=0)
+        _check_num("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
+        _check_num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
+        _check_num("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}.")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError("logit_bias must be a dict of token id -> bias.")
+            for k, v in self.logit_bias.items():
+                _check_int("logit_bias key", k, lo=0)
+                _check_num("logit_bias value", v, lo=-100.0, hi=100.0)
+        if self.bad_words is not None and not all(isinstance(w, str) for w in self.bad_words):
+            raise ValueError("bad_words must be a list of strings.")
+        _check_int("priority", self.priority, lo=-(2**31), hi=2**31)
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature < 1e-5 or self.top_k == 1
+
+    def clone(self, **changes: Any) -> "SamplingParams":
+        """A validated copy with some fields changed."""
+        return msgspec.structs.replace(self, **changes)
+
+
+def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}.")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}.")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}.")
+
+
+def _check_num(name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}.")
+    if value != value:  # NaN
+        raise ValueError(f"{name} must not be NaN.")
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}.")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}.")
