@@ -1,115 +1,214 @@
-"""Offline throughput: vx beside Hugging Face `generate` on the same model and workload, in one run.
+"""Offline throughput: vx beside Hugging Face `generate` on the same model and mixed workload, in one run.
 
-    python benchmarks/throughput.py                       # a random-weight small Qwen2-shaped model
-    python benchmarks/throughput.py --model DIR --num-prompts 64 --dtype bfloat16
+    python -m benchmarks.throughput                                   # default model, the issue's workload
+    python -m benchmarks.throughput --model qwen2.5-0.5b-random
+    python -m benchmarks.throughput --model micro --num-requests 8 --max-prompt-len 64 --max-output-len 16
 
-Prints generated tokens/s of each and the ratio vx / HF. Both generate exactly `--output-len` tokens
-per request (EOS ignored), greedy, from the same random token-id prompts.
+The workload (seeded): `--num-requests` requests (128), prompt lengths uniform in [16, 512] random token
+ids, each generating exactly its own output length, uniform in [16, 256] (greedy, EOS ignored).
+
+vx gets every request at once (`vx.LLM.generate`, continuous batching). Hugging Face `generate` gets them in
+arrival order in batches of `--hf-batch-size` (left padding); a batch runs until its longest request is done
+(min_new_tokens = max_new_tokens = the batch's largest output length), and only each request's own output
+length counts as useful tokens: the rest is the price of static batching. Without `--hf-batch-size`, each of
+`--hf-batch-sizes` is tried on the first requests (outputs capped at `--hf-probe-tokens`) and the fastest
+is used. Prints useful tokens/s of each, the ratio vx / HF, and vx's fraction of the decode roofline.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
-import random
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
+from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "tests", "models"), os.path.join(HERE, "..", "tests", "client")]
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def build_random_model(dirpath: str) -> str:
-    """A random-weight Qwen2-shaped model (hidden 512, 8 layers) with a small BPE tokenizer."""
-    from tiny_models import make_tiny_model
-    from tiny_tokenizer import make_tiny_tokenizer
-
-    make_tiny_model("qwen2", dirpath, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                    num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
-                    max_position_embeddings=4096, eos_token_id=0, bos_token_id=0, pad_token_id=0,
-                    initializer_range=0.02)
-    make_tiny_tokenizer(dirpath)
-    return dirpath
+from benchmarks.common import (Table, Workload, add_model_args, make_workload, model_label, parse_int_list,
+                               prompt_token_range, quiet_logs, ratio, resolve_bench_model, resolve_device,
+                               set_threads, torch_dtype)
 
 
-def make_workload(n: int, vocab: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(n)]
+@dataclass
+class RunResult:
+    """One engine's run over the workload."""
+
+    useful_tokens: int  # tokens the requests asked for
+    generated_tokens: int  # tokens computed, padding waste included
+    seconds: float
+    detail: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.useful_tokens / self.seconds
 
 
-def run_vx(model: str, prompts, output_len: int, dtype: str) -> float:
+def run_vx(model_dir: str, wl: Workload, dtype: str, device: str, **engine_args: Any) -> tuple[RunResult, Any]:
+    """Generate the workload with vx in one `LLM.generate` call; returns the result and the engine config."""
     import vx
 
-    llm = vx.LLM(model, dtype=dtype, device="cpu" if not _cuda() else "auto")
-    params = vx.SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    dt = time.perf_counter() - t0
-    ntok = sum(len(o.outputs[0].token_ids) for o in outs)
-    llm.shutdown()
-    return ntok / dt
+    llm = vx.LLM(model_dir, dtype=dtype, device=device, **engine_args)
+    try:
+        config = llm.llm_engine.config
+        warm = vx.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        llm.generate(wl.prompts[:2], warm, use_tqdm=False)
+        params = [vx.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in wl.output_lens]
+        before = llm.stats()
+        t0 = time.perf_counter()
+        outs = llm.generate(wl.prompts, params, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        stats = llm.stats()
+    finally:
+        llm.shutdown()
+    got = [len(o.outputs[0].token_ids) for o in outs]
+    if got != wl.output_lens:
+        bad = sum(g != w for g, w in zip(got, wl.output_lens))
+        print(f"WARNING: vx returned a wrong number of tokens for {bad} request(s)", file=sys.stderr)
+    steps = stats.num_steps - before.num_steps
+    detail = (f"{steps} steps, {stats.num_preemptions - before.num_preemptions} preemptions, "
+              f"max_num_seqs={config.scheduler_config.max_num_seqs}, "
+              f"max_num_batched_tokens={config.scheduler_config.max_num_batched_tokens}")
+    return RunResult(sum(got), sum(got), dt, detail), config
 
 
-def run_hf(model: str, prompts, output_len: int, dtype: str, batch_size: int) -> float:
-    import torch
-    from transformers import AutoModelForCausalLM
+class HFRunner:
+    """Batched, left-padded Hugging Face `generate` over a workload."""
 
-    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    device = "cuda" if _cuda() else "cpu"
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=tdtype).to(device).eval()
-    m.generation_config.eos_token_id = None
-    m.generation_config.pad_token_id = 0
+    def __init__(self, model_dir: str, dtype: str, device: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
 
-    def batch_generate(batch):
-        width = max(len(p) for p in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        self.torch = torch
+        self.device = device
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype)).to(device).eval()
+        gc_ = self.model.generation_config
+        gc_.eos_token_id = None  # like ignore_eos: every request runs to its length
+        gc_.pad_token_id = 0
+        gc_.do_sample = False
+        gc_.temperature = gc_.top_p = gc_.top_k = None
+
+    def generate_batch(self, prompts: list[list[int]], new_tokens: int) -> None:
+        """One left-padded batch, exactly `new_tokens` new tokens for every row."""
+        torch = self.torch
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for i, p in enumerate(batch):  # left padding, as decoder-only generation needs
+        for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
-        with torch.no_grad():
-            out = m.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=output_len,
-                             min_new_tokens=output_len, do_sample=False)
-        return (out.shape[1] - width) * len(batch)
+        with torch.inference_mode():
+            out = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device),
+                                      max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        assert out.shape[1] == width + new_tokens
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
-    batch_generate(prompts[:2])  # warm-up
-    t0 = time.perf_counter()
-    ntok = sum(batch_generate(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size))
-    return ntok / (time.perf_counter() - t0)
+    def run(self, wl: Workload, batch_size: int, sort_by_output: bool = False) -> RunResult:
+        """The workload in batches of `batch_size` (arrival order, or sorted by output length)."""
+        order = list(range(len(wl)))
+        if sort_by_output:
+            order.sort(key=lambda i: wl.output_lens[i])
+        generated = 0
+        t0 = time.perf_counter()
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            n = max(wl.output_lens[i] for i in idx)
+            self.generate_batch([wl.prompts[i] for i in idx], n)
+            generated += n * len(idx)
+        dt = time.perf_counter() - t0
+        waste = 1 - wl.num_output_tokens / generated
+        return RunResult(wl.num_output_tokens, generated, dt,
+                         f"batch size {batch_size}, {100 * waste:.0f}% of generated tokens past a request's end")
+
+    def pick_batch_size(self, wl: Workload, candidates: list[int], probe_tokens: int) -> tuple[int, dict[int, float]]:
+        """The fastest batch size on the first max(candidates) requests with outputs capped at probe_tokens."""
+        probe = Workload(wl.prompts[:max(candidates)], [min(n, probe_tokens) for n in wl.output_lens[:max(candidates)]])
+        self.generate_batch(probe.prompts[:2], 2)  # warm-up
+        rates = {bs: self.run(probe, bs).tokens_per_s for bs in candidates}
+        return max(rates, key=rates.get), rates
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="HF model directory (default: a random-weight small Qwen2 model)")
-    ap.add_argument("--num-prompts", type=int, default=32)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="vx bench throughput", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
+    ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--min-prompt-len", type=int, default=16)
-    ap.add_argument("--max-prompt-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--hf-batch-size", type=int, default=16)
-    args = ap.parse_args()
+    ap.add_argument("--max-prompt-len", type=int, default=512)
+    ap.add_argument("--min-output-len", type=int, default=16)
+    ap.add_argument("--max-output-len", type=int, default=256)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="vx engine argument (default: vx's)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None, help="vx engine argument")
+    ap.add_argument("--hf-batch-size", type=int, default=None, help="skip the search; use this batch size")
+    ap.add_argument("--hf-batch-sizes", type=parse_int_list, default=[8, 16, 32],
+                    help="batch sizes to try for HF (default 8,16,32)")
+    ap.add_argument("--hf-probe-tokens", type=int, default=32, help="output cap of the batch-size search")
+    ap.add_argument("--hf-sort", action="store_true",
+                    help="give HF the requests sorted by output length (its best case; vx gets arrival order)")
+    ap.add_argument("--no-hf", action="store_true", help="run vx only")
+    ap.add_argument("--no-roofline", action="store_true", help="skip the roofline measurement")
+    args = ap.parse_args(argv)
+    quiet_logs()
+    set_threads(args.threads)
+    device = resolve_device(args.device)
+    model_dir = resolve_bench_model(args.model)
+    wl = make_workload(args.num_requests, (args.min_prompt_len, args.max_prompt_len),
+                       (args.min_output_len, args.max_output_len), prompt_token_range(model_dir), args.seed)
+    label = model_label(args.model, model_dir)
+    print(f"throughput: {label}, {args.dtype}, {device}; workload: {wl.describe()}\n", flush=True)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or build_random_model(tmp)
-        from transformers import AutoConfig
+    engine_args: dict[str, Any] = {"max_model_len": args.max_prompt_len + args.max_output_len + 16}
+    if args.max_num_seqs:
+        engine_args["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens:
+        engine_args["max_num_batched_tokens"] = args.max_num_batched_tokens
+    vx_res, config = run_vx(model_dir, wl, args.dtype, device, **engine_args)
+    gc.collect()
 
-        vocab = AutoConfig.from_pretrained(model).vocab_size
-        prompts = make_workload(args.num_prompts, vocab, args.min_prompt_len, args.max_prompt_len)
-        print(f"workload: {len(prompts)} prompts, {args.min_prompt_len}-{args.max_prompt_len} tokens in, "
-              f"{args.output_len} out, {args.dtype}")
-        vx_tps = run_vx(model, prompts, args.output_len, args.dtype)
-        hf_tps = run_hf(model, prompts, args.output_len, args.dtype, args.hf_batch_size)
-    print(f"vx:               {vx_tps:9.1f} generated tok/s")
-    print(f"HF generate (bs={args.hf_batch_size}): {hf_tps:9.1f} generated tok/s")
-    print(f"ratio vx / HF:    {vx_tps / hf_tps:9.2f}x")
+    hf_res: RunResult | None = None
+    probe_note = ""
+    if not args.no_hf:
+        hf = HFRunner(model_dir, args.dtype, device)
+        bs = args.hf_batch_size
+        if bs is None:
+            bs, rates = hf.pick_batch_size(wl, args.hf_batch_sizes, args.hf_probe_tokens)
+            probe_note = ("HF batch-size search (useful tok/s on the first requests): "
+                          + ", ".join(f"{b}: {r:.1f}" for b, r in rates.items()) + f" -> {bs}")
+        else:
+            hf.generate_batch(wl.prompts[:2], 2)  # warm-up
+        hf_res = hf.run(wl, bs, args.hf_sort)
+        del hf
+        gc.collect()
+
+    table = Table(f"Offline throughput: {label}, {args.dtype}, {device}",
+                  ["engine", "useful tokens", "computed tokens", "seconds", "useful tok/s", "vs HF"])
+    table.add("vx", vx_res.useful_tokens, vx_res.generated_tokens, vx_res.seconds, vx_res.tokens_per_s,
+              ratio(vx_res.tokens_per_s, hf_res.tokens_per_s) if hf_res else "n/a")
+    if hf_res:
+        table.add("HF generate", hf_res.useful_tokens, hf_res.generated_tokens, hf_res.seconds,
+                  hf_res.tokens_per_s, "1.00x")
+    table.notes.append(f"workload: {wl.describe()}, seed {args.seed}")
+    table.notes.append(f"vx: {vx_res.detail}")
+    if hf_res:
+        table.notes.append(f"HF: {hf_res.detail}{' (sorted by output length)' if args.hf_sort else ''}")
+    if probe_note:
+        table.notes.append(probe_note)
+    if not args.no_roofline:
+        from benchmarks.roofline import roofline_tokens_per_s
+
+        batch = min(len(wl), config.scheduler_config.max_num_seqs)
+        context = (wl.num_prompt_tokens + wl.num_output_tokens // 2) // len(wl)
+        limit = roofline_tokens_per_s(model_dir, batch, args.dtype, device, context_len=context)
+        table.notes.append(f"vx reaches {100 * vx_res.tokens_per_s / limit:.1f}% of the decode roofline "
+                           f"({limit:,.0f} tok/s at batch {batch}, mean context {context}; prefill counts "
+                           "against vx, so this understates it)")
+    if vx_res.seconds < 1.0:
+        table.notes.append("note: the vx run took under a second; use a larger workload for stable numbers")
+    table.print()
 
 
 if __name__ == "__main__":

@@ -48,3 +48,15 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, str]:
 def tiny_model_dir(tiny_model_dirs) -> str:
     """The default tiny model for tests that need just one (Qwen3 family)."""
     return tiny_model_dirs["qwen3"]
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> str:
+    """The bundled SmolLM2-135M-Instruct, converted from GGUF once into the vx cache."""
+    from vx.model_source import default_model_file, resolve_model
+
+    try:
+        default_model_file()
+    except ValueError as e:
+        pytest.fail(f"the default model must be installed for the tests: {e}")
+    return resolve_model(None)

@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "AsyncLLM": "vx.client.async_llm",
+    "DEFAULT_MODEL": "vx.model_source",
     "LLM": "vx.client.llm",
     "LLMEngine": "vx.client.llm_engine",
     "EngineArgs": "vx.config",
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from vx.client.llm import LLM
     from vx.client.llm_engine import LLMEngine
     from vx.config import EngineArgs
+    from vx.model_source import DEFAULT_MODEL
     from vx.errors import EngineDeadError
     from vx.outputs import CompletionOutput, EngineStats, RequestOutput
     from vx.sampling_params import RequestOutputKind, SamplingParams

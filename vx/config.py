@@ -234,16 +234,9 @@ def _resolve_device(device: str) -> str:
 
 
 def _resolve_model_path(model: str | None) -> str:
-    if model is None:
-        raise ValueError("No model given. Pass model='path/to/hf_model_dir'.")
-    if not isinstance(model, (str, os.PathLike)):
-        raise ValueError(f"model must be a path, got {type(model).__name__}.")
-    path = os.path.abspath(os.path.expanduser(os.fspath(model)))
-    if not os.path.exists(path):
-        raise ValueError(f"Model path {path!r} does not exist.")
-    if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{path!r} is not a model directory (no config.json found).")
-    return path
+    from vx.model_source import resolve_model
+
+    return resolve_model(model)
 
 
 def _load_hf_config(path: str) -> Any:

@@ -232,3 +232,16 @@ def test_bad_arguments_raise():
         kv.allocate_slots(a, 1, hits, blocks)  # a already holds blocks
     with pytest.raises(ValueError):
         kv.allocate_slots(a, -1)
+
+
+def test_slots_beyond_known_tokens_are_not_hashed():
+    # E.g. lookahead slots for speculative tokens: allocated, but their content is unknown.
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    a = Req("a", list(range(6)))
+    new = kv.allocate_slots(a, 6 + 5)
+    assert new is not None and len(new) == 3
+    assert len(a.block_hashes) == 1 and len(kv.block_pool.cached_block_hash_to_block) == 1
+    a.num_computed_tokens = 6
+    a.all_token_ids += [6, 7, 8]
+    assert kv.allocate_slots(a, 3) == []
+    assert len(kv.block_pool.cached_block_hash_to_block) == 2

@@ -79,6 +79,7 @@ class EngineProcess:
         self._dead: tuple[str, str | None] | None = None
         self.closing = False
         self._closed = False
+        self.exitcode: int | None = None  # the process's exit code, once close() has reaped it
 
         spawn = multiprocessing.get_context("spawn")
         # daemon: multiprocessing's exit handler terminates it should everything else fail.
@@ -214,6 +215,7 @@ class EngineProcess:
             self.send(EngineCoreRequestType.SHUTDOWN)
             self.proc.join(timeout)
         self.mark_exited()
+        self.exitcode = self.proc.exitcode
         with self._send_lock:  # no send may touch the sockets while they close
             self._closed = True
         self._finalizer()

@@ -79,6 +79,31 @@ class LLM:
             bar.close()
         return results  # type: ignore[return-value]
 
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        tools: list[dict] | None = None,
+    ) -> list[RequestOutput]:
+        """Reply to one conversation (a list of messages) or to several, with the model's chat template.
+
+        Without sampling params a reply has at most `DEFAULT_CHAT_MAX_TOKENS` tokens; it always stops at
+        the template's end-of-turn token.
+        """
+        from vx.client.chat import chat_sampling_params, render_chat_prompt
+
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        # The template already places any BOS; tokenizing without special tokens avoids a second one.
+        prompts = [self.tokenizer.encode(render_chat_prompt(self.tokenizer, conv, tools=tools,
+                                                            chat_template=chat_template),
+                                         add_special_tokens=False)
+                   for conv in conversations]
+        params = chat_sampling_params(sampling_params, self.tokenizer, chat_template)
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
+
     def stats(self) -> EngineStats:
         """A snapshot of the engine (queues, KV blocks, prefix-cache hits, preemptions)."""
         return self.llm_engine.stats()

@@ -103,9 +103,12 @@ class EngineCore:
 
 # ------------------------------------------------------------------------------------ background process
 
-# Test-only fault injection, read in the engine process: with VX_TEST_FAIL_AFTER_STEPS=N the model execution
-# after N successful ones raises, as a crash inside execute_model would. Never set it in production.
+# Test-only fault injection, read in the engine process, never to be set in production: with
+# VX_TEST_FAIL_AFTER_STEPS=N the model execution after N successful ones raises, as a crash inside execute_model
+# would; with VX_TEST_FAIL_FILE=path, the first model execution after that file appears raises (so a test can
+# crash a shared engine when it chooses).
 TEST_FAIL_AFTER_STEPS_ENV = "VX_TEST_FAIL_AFTER_STEPS"
+TEST_FAIL_FILE_ENV = "VX_TEST_FAIL_FILE"
 
 _STOP = object()  # ends the output thread once everything queued before it is sent
 _FAIL = object()  # from the output thread: an output could not be encoded, so the engine must fail
@@ -275,7 +278,11 @@ def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: 
     code = EngineCoreProc(core, in_sock, out_sock).run()
     # Returns once the input thread has closed its socket (it sees ETERM) and the output has flushed.
     ctx.term()
-    sys.exit(code)
+    # Everything is sent and released: skip the interpreter's teardown of torch & co, which takes seconds.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _watch_parent(ipc_dir: str) -> None:
@@ -297,15 +304,18 @@ def _watch_parent(ipc_dir: str) -> None:
 
 
 def _install_test_hooks(core: EngineCore) -> None:
-    """Test-only: install the fault injection of `TEST_FAIL_AFTER_STEPS_ENV` when it is set."""
+    """Test-only: install the fault injection of `TEST_FAIL_AFTER_STEPS_ENV` / `TEST_FAIL_FILE_ENV` when set."""
     raw = os.environ.get(TEST_FAIL_AFTER_STEPS_ENV)
-    if not raw:
+    path = os.environ.get(TEST_FAIL_FILE_ENV)
+    if not raw and not path:
         return
-    limit = int(raw)
+    limit = int(raw) if raw else None
     counter = itertools.count()
 
-    def fail_after(_scheduler_output: Any) -> None:
-        if next(counter) >= limit:
+    def inject_failure(_scheduler_output: Any) -> None:
+        if limit is not None and next(counter) >= limit:
             raise RuntimeError(f"injected failure after {limit} model steps ({TEST_FAIL_AFTER_STEPS_ENV})")
+        if path and os.path.exists(path):
+            raise RuntimeError(f"injected failure: {path} exists ({TEST_FAIL_FILE_ENV})")
 
-    core.executor.worker.model_runner.pre_execute_hook = fail_after  # type: ignore[attr-defined]
+    core.executor.worker.model_runner.pre_execute_hook = inject_failure  # type: ignore[attr-defined]

@@ -1,0 +1,31 @@
+"""vx's benchmark suite: each module measures vx beside its competitor (or the hardware limit) in one run.
+
+Every benchmark is a module with `main(argv: list[str] | None = None) -> None`, so that `vx bench <name>`
+(or `python -m benchmarks.<name>`) can run it; `run_all` runs them all with quick sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+BENCHMARKS: dict[str, str] = {
+    "throughput": "offline tokens/s on a mixed workload, vx vs Hugging Face generate",
+    "roofline": "GEMM GFLOP/s and memory bandwidth at the model's shapes; the decode-step lower bound",
+    "engine_overhead": "scheduler + KV cache manager + input building time per request per step, no model",
+    "prefix_caching": "time to first token of requests sharing a long prefix, prefix caching on vs off",
+    "streaming": "TTFT and inter-token latency percentiles under Poisson arrivals, AsyncLLM vs in-process",
+    "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
+}
+
+
+def get_main(name: str) -> Callable[[list[str] | None], None]:
+    """The `main` function of benchmark `name` (a key of BENCHMARKS)."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"Unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}.")
+    return importlib.import_module(f"benchmarks.{name}").main
+
+
+def run(name: str, argv: list[str] | None = None) -> None:
+    """Run benchmark `name` with command-line arguments `argv`."""
+    get_main(name)(argv)

@@ -1,0 +1,327 @@
+"""Shared pieces of the benchmark suite: models to run, workloads, timing and a small table printer.
+
+Models are named by a short spec (see `MODEL_CHOICES`) or given as a Hugging Face directory:
+
+- ``default``: vx's default model (SmolLM2-135M-Instruct, converted from GGUF once);
+- ``qwen2.5-0.5b-random``: random weights in the exact shape of Qwen2.5-0.5B (494M parameters);
+- ``tiny``: a random Qwen2-shaped model (hidden 512, 8 layers), quick on a CPU;
+- ``micro``: a random 2-layer model with hidden 64, for smoke tests.
+
+Random models get the tiny byte-level BPE tokenizer of the test suite and are built once into
+``$VX_CACHE_DIR/bench/<name>`` (or any folder given to `build_random_model`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_COMPLETE_MARK = ".vx-bench-complete"
+
+MODEL_CHOICES = ("default", "qwen2.5-0.5b-random", "tiny", "micro")
+
+# Qwen2Config keyword arguments of each random model (transformers >= 5 spells rope_theta this way).
+RANDOM_MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b-random": dict(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    "tiny": dict(
+        hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+        intermediate_size=1408, vocab_size=4096, tie_word_embeddings=False, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    "micro": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=512, tie_word_embeddings=False, max_position_embeddings=2048,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+}
+
+
+# ------------------------------------------------------------------------------------------------- models
+def _add_test_helpers_to_path() -> None:
+    """The tiny tokenizer lives with the tests (tests/client/tiny_tokenizer.py); make it importable."""
+    helper_dir = os.path.join(REPO_ROOT, "tests", "client")
+    if helper_dir not in sys.path:
+        sys.path.append(helper_dir)
+
+
+def bench_cache_dir() -> str:
+    """Where built random models are kept: `$VX_CACHE_DIR/bench`, else `~/.cache/vx/bench`."""
+    root = os.environ.get("VX_CACHE_DIR") or "~/.cache/vx"
+    return os.path.join(os.path.abspath(os.path.expanduser(root)), "bench")
+
+
+def build_random_model(name: str, dirpath: str, seed: int = 0) -> str:
+    """Save a random-weight Qwen2 model of shape `name` (a key of RANDOM_MODEL_SHAPES) with a tokenizer.
+
+    Weights are drawn with transformers' own initialisation (normal, std 0.02) under `seed`; the big
+    Qwen2.5-0.5B shape is stored in bfloat16 as the real checkpoint is, the small ones in float32.
+    Returns `dirpath`. Does nothing if the folder already holds a complete build.
+    """
+    if name not in RANDOM_MODEL_SHAPES:
+        raise ValueError(f"Unknown random model {name!r}; choose from {sorted(RANDOM_MODEL_SHAPES)}.")
+    if os.path.isfile(os.path.join(dirpath, _COMPLETE_MARK)):
+        return dirpath
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    _add_test_helpers_to_path()
+    from tiny_tokenizer import make_tiny_tokenizer
+
+    config = Qwen2Config(**RANDOM_MODEL_SHAPES[name], bos_token_id=0, eos_token_id=0, pad_token_id=0,
+                         use_sliding_window=False, initializer_range=0.02)
+    store_dtype = torch.bfloat16 if config.vocab_size > 100_000 else torch.float32
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=store_dtype)
+    os.makedirs(dirpath, exist_ok=True)
+    model.save_pretrained(dirpath)
+    del model
+    make_tiny_tokenizer(dirpath)
+    open(os.path.join(dirpath, _COMPLETE_MARK), "w").close()
+    return dirpath
+
+
+def resolve_bench_model(spec: str | None) -> str:
+    """A model directory for `spec`: one of MODEL_CHOICES (built or converted once) or a directory."""
+    if spec is None or spec == "default":
+        from vx.model_source import resolve_model
+
+        return resolve_model(None)
+    if spec in RANDOM_MODEL_SHAPES:
+        target = os.path.join(bench_cache_dir(), spec)
+        if not os.path.isfile(os.path.join(target, _COMPLETE_MARK)):
+            print(f"building random model {spec!r} in {target} (once)...", file=sys.stderr, flush=True)
+        return build_random_model(spec, target)
+    path = os.path.abspath(os.path.expanduser(spec))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise SystemExit(f"--model {spec!r}: not one of {', '.join(MODEL_CHOICES)} and not a model directory.")
+    return path
+
+
+def model_label(spec: str | None, path: str) -> str:
+    """A short name for tables: the spec when it is a named model, else the folder's name."""
+    return spec if spec in MODEL_CHOICES else os.path.basename(os.path.normpath(path))
+
+
+def prompt_token_range(model_dir: str) -> tuple[int, int]:
+    """[lo, hi) of token ids safe for random prompts: below both the model's and the tokenizer's vocab,
+    above the low ids where tokenizers keep their special tokens."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    vocab = int(AutoConfig.from_pretrained(model_dir).vocab_size)
+    hi = min(vocab, len(AutoTokenizer.from_pretrained(model_dir)))
+    lo = min(100, hi // 4)
+    return lo, hi
+
+
+def default_device() -> str:
+    """`cuda` when available, else `cpu`."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype named `name` (float32, bfloat16, float16)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+# ---------------------------------------------------------------------------------------------- workloads
+@dataclass
+class Workload:
+    """Requests given as token ids, each with the exact number of tokens it must generate."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    def subset(self, n: int) -> "Workload":
+        return Workload(self.prompts[:n], self.output_lens[:n])
+
+    def describe(self) -> str:
+        pl = [len(p) for p in self.prompts]
+        return (f"{len(self)} requests, prompt {min(pl)}-{max(pl)} tokens (mean {statistics.mean(pl):.0f}), "
+                f"output {min(self.output_lens)}-{max(self.output_lens)} tokens "
+                f"(mean {statistics.mean(self.output_lens):.0f})")
+
+
+def make_workload(num_requests: int, prompt_len: tuple[int, int], output_len: tuple[int, int],
+                  token_range: tuple[int, int], seed: int = 0) -> Workload:
+    """Seeded random requests: lengths uniform in the inclusive ranges, token ids uniform in [lo, hi)."""
+    if num_requests < 1:
+        raise ValueError("num_requests must be >= 1")
+    rng = random.Random(seed)
+    lo, hi = token_range
+    prompts, outs = [], []
+    for _ in range(num_requests):
+        n = rng.randint(*prompt_len)
+        prompts.append([rng.randrange(lo, hi) for _ in range(n)])
+        outs.append(rng.randint(*output_len))
+    return Workload(prompts, outs)
+
+
+def poisson_arrivals(num_requests: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times (seconds from 0) of a Poisson process of `rate` requests/s; inf rate: all at 0."""
+    if math.isinf(rate) or rate <= 0:
+        return [0.0] * num_requests
+    rng = random.Random(seed)
+    t, times = 0.0, []
+    for _ in range(num_requests):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+# ------------------------------------------------------------------------------------------------- timing
+def measure(fn: Callable[[], Any], min_time: float = 0.2, min_reps: int = 3, max_reps: int = 10_000,
+            warmup: int = 1, sync: Callable[[], None] | None = None) -> list[float]:
+    """Run `fn` `warmup` times, then repeatedly until `min_time` seconds and `min_reps` runs have passed;
+    returns the per-call times in seconds. `sync` (e.g. torch.cuda.synchronize) runs after each call."""
+    for _ in range(warmup):
+        fn()
+        if sync:
+            sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < min_time):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation; nan for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def ratio(a: float, b: float) -> str:
+    """`a / b` as '1.23x' ('n/a' when undefined)."""
+    if not b or math.isnan(a) or math.isnan(b):
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+# ------------------------------------------------------------------------------------------------- tables
+@dataclass
+class Table:
+    """A titled table printed as markdown (pipe) rows, so that run_all's report reads as markdown."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *cells: Any) -> None:
+        self.rows.append(list(cells))
+
+    def render(self) -> str:
+        cells = [[_fmt(c) for c in row] for row in self.rows]
+        widths = [max([len(h)] + [len(r[i]) for r in cells if i < len(r)]) for i, h in enumerate(self.headers)]
+
+        def line(items: Sequence[str]) -> str:
+            return "| " + " | ".join(s.rjust(w) if i else s.ljust(w)
+                                     for i, (s, w) in enumerate(zip(items, widths))) + " |"
+
+        out = [f"### {self.title}", "", line(self.headers),
+               "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        out += [line(r + [""] * (len(widths) - len(r))) for r in cells]
+        out += [""] + [f"{n}" for n in self.notes]
+        return "\n".join(out).rstrip() + "\n"
+
+    def print(self) -> None:
+        print(self.render(), flush=True)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "n/a"
+        if v == 0:
+            return "0"
+        a = abs(v)
+        if a >= 100:
+            return f"{v:,.0f}"
+        if a >= 10:
+            return f"{v:.1f}"
+        if a >= 0.01:
+            return f"{v:.2f}"
+        return f"{v:.2e}"
+    return str(v)
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (argparse type)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from e
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_model_args(ap: Any, default_model: str = "default") -> None:
+    """The options every model-running benchmark shares: --model, --dtype, --device, --seed."""
+    ap.add_argument("--model", default=default_model,
+                    help=f"one of {', '.join(MODEL_CHOICES)}, or a Hugging Face model directory "
+                         f"(default: {default_model})")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0, help="workload seed")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads, here and in engine processes (default: torch's choice)")
+
+
+def resolve_device(device: str) -> str:
+    """`auto` -> cuda when available, else cpu."""
+    return default_device() if device == "auto" else device
+
+
+def set_threads(threads: int | None) -> None:
+    """Pin torch's CPU thread count in this process and (through OMP_NUM_THREADS) in child processes."""
+    if threads is None:
+        return
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+def quiet_logs() -> None:
+    """Keep tokenizer fork warnings and transformers' chatter out of benchmark output."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass

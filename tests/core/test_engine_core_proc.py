@@ -1,0 +1,183 @@
+"""EngineCoreProc in its spawned process, driven over its raw sockets: handshake, malformed input, idling,
+engine faults, parent death, graceful shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import msgspec
+import pytest
+from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds, process_gone, wait_until
+
+import vx
+from vx.client.engine_process import EngineProcess
+from vx.config import EngineArgs
+from vx.core.engine_core import TEST_FAIL_AFTER_STEPS_ENV
+from vx.core.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType as T, UtilityRequest
+
+GREEDY = vx.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    ep = EngineProcess(EngineArgs(model=tiny_model_dir, **ENGINE_KWARGS))
+    yield ep
+    ep.close()
+
+
+def recv(ep: EngineProcess, timeout: float = 10.0) -> EngineCoreOutputs:
+    if not ep.output_socket.poll(timeout * 1000):
+        raise AssertionError("no output from the engine")
+    return ep.decoder.decode(ep.output_socket.recv())
+
+
+def send_raw(ep: EngineProcess, frames: list[bytes]) -> None:
+    with ep._send_lock:
+        ep.input_socket.send_multipart(frames)
+
+
+def run_to_end(ep: EngineProcess, request_id: str, max_tokens: int = 6) -> list[int]:
+    params = GREEDY.clone(max_tokens=max_tokens)
+    ep.send(T.ADD, EngineCoreRequest(request_id=request_id, prompt_token_ids=[5, 6, 7], sampling_params=params))
+    tokens: list[int] = []
+    while True:
+        outs = recv(ep)
+        for o in outs.outputs:
+            assert o.request_id == request_id
+            tokens += o.new_token_ids
+            if o.finished:
+                return tokens
+
+
+def call(ep: EngineProcess, method: str, call_id: int = 1):
+    ep.send(T.UTILITY, UtilityRequest(call_id=call_id, method=method))
+    while True:
+        outs = recv(ep)
+        if outs.utility_output is not None and outs.utility_output.call_id == call_id:
+            return outs.utility_output
+
+
+def test_handshake_and_private_ipc_dir(engine):
+    assert engine.ready.pid == engine.proc.pid and engine.ready.num_kv_blocks == ENGINE_KWARGS["num_kv_blocks"]
+    assert stat.S_IMODE(os.stat(engine.ipc_dir).st_mode) == 0o700
+    assert sorted(os.listdir(engine.ipc_dir)) == ["input", "output"]
+
+
+def test_malformed_messages_get_error_outputs_and_engine_keeps_serving(engine):
+    bad_params = msgspec.msgpack.encode(["bad-1", [1, 2], {"temperature": -1.0}])
+    cases = [
+        ([b"\x09", b""], None, "unknown input message type 9"),
+        ([b"\x00"], None, "expected 2 frames"),
+        ([b"\x00", b"\xc1\xc1"], None, "malformed ADD"),
+        ([b"\x00", bad_params], "bad-1", "temperature must be >= 0"),
+        ([b"\x01", msgspec.msgpack.encode("not-a-list")], None, "malformed ABORT"),
+        ([b"\x02", msgspec.msgpack.encode({"x": 1})], None, "malformed UTILITY"),
+    ]
+    for frames, request_id, message in cases:
+        send_raw(engine, frames)
+        outs = recv(engine)
+        assert len(outs.input_errors) == 1 and not outs.outputs
+        assert outs.input_errors[0].request_id == request_id
+        assert message in outs.input_errors[0].message
+    assert "unknown utility method 'nope'" in call(engine, "nope").error
+    assert len(run_to_end(engine, "good")) == 6  # still serving
+    assert engine.proc.is_alive()
+
+
+def test_refused_request_fails_alone_and_abort_frees_blocks(engine):
+    long = EngineCoreRequest(request_id="dup", prompt_token_ids=list(range(1, 40)),
+                             sampling_params=GREEDY.clone(max_tokens=200))
+    engine.send(T.ADD, long)
+    engine.send(T.ADD, long)
+    refused = None
+    while refused is None:
+        outs = recv(engine)
+        refused = next((e for e in outs.input_errors), None)
+    assert refused.request_id == "dup" and "already running" in refused.message
+    stats = call(engine, "stats", call_id=2).result
+    assert stats["num_running"] == 1 and stats["kv_blocks_in_use"] > 0
+    engine.send(T.ABORT, ["dup", "unknown-id"])
+    stats = call(engine, "stats", call_id=3).result
+    assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_in_use"]) == (0, 0, 0)
+    while engine.output_socket.poll(100):  # drop the outputs of steps before the abort
+        engine.output_socket.recv()
+
+
+def test_idle_engine_sleeps(engine):
+    time.sleep(0.3)
+    before = cpu_seconds(engine.proc.pid)
+    time.sleep(2.0)
+    used = cpu_seconds(engine.proc.pid) - before
+    assert used < 0.05 * 2.0, f"idle engine used {used:.3f} s of CPU in 2 s"
+
+
+def test_graceful_shutdown_cleans_up(engine, caplog):
+    """Keep last in the module: stops the shared engine."""
+    caplog.set_level(logging.WARNING)
+    pid, ipc_dir = engine.proc.pid, engine.ipc_dir
+    engine.close()
+    assert engine.exitcode == 0
+    assert not os.path.exists(ipc_dir) and process_gone(pid)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    with pytest.raises(vx.EngineDeadError, match="shut down"):
+        engine.raise_if_dead()
+
+
+def test_engine_fault_reaches_the_client_with_its_message(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(TEST_FAIL_AFTER_STEPS_ENV, "2")
+    before = child_pids()
+    llm = vx.LLM(tiny_model_dir, multiprocess=True, **ENGINE_KWARGS)
+    try:
+        with pytest.raises(vx.EngineDeadError, match="injected failure after 2 model steps") as info:
+            llm.generate(["a", "b"], GREEDY, use_tqdm=False)
+        assert "Traceback" in str(info.value.__cause__)
+        t0 = time.monotonic()
+        with pytest.raises(vx.EngineDeadError, match="injected failure"):
+            llm.generate("again", GREEDY, use_tqdm=False)
+        with pytest.raises(vx.EngineDeadError):
+            llm.stats()
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        llm.shutdown()
+    assert child_pids() <= before
+
+
+_PARENT = textwrap.dedent("""
+    import sys, threading, time
+    import psutil
+    from vx.client.engine_process import EngineProcess
+    from vx.config import EngineArgs
+
+    holder = {}
+    threading.Thread(target=lambda: holder.setdefault("ep", EngineProcess(EngineArgs(model=sys.argv[1],
+                     dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128))), daemon=True).start()
+    while "ep" not in holder:
+        time.sleep(0.05)
+    ep = holder["ep"]
+    print(ep.proc.pid, ep.ipc_dir, flush=True)
+    time.sleep(600)
+""")
+
+
+def test_engine_exits_when_its_parent_dies(tiny_model_dir):
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, tiny_model_dir], stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline().split()
+        assert line, "the parent process failed to start the engine"
+        pid, ipc_dir = int(line[0]), line[1]
+        assert not process_gone(pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert wait_until(lambda: process_gone(pid), timeout=5.0), "the engine outlived its parent"
+        assert wait_until(lambda: not os.path.exists(ipc_dir), timeout=2.0)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()

@@ -1,0 +1,185 @@
+"""The `vx` command: `vx chat`, `vx generate "prompt"`, `vx bench`, with the engine args as flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+import typing
+from typing import Any
+
+from vx.config import EngineArgs
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineArgs field (`--max-model-len`, `--no-enable-prefix-caching`, ...)."""
+    group = parser.add_argument_group("engine arguments")
+    hints = typing.get_type_hints(EngineArgs)
+    for f in dataclasses.fields(EngineArgs):
+        flag = "--" + f.name.replace("_", "-")
+        hint = str(hints[f.name])
+        if f.name == "model":
+            group.add_argument(flag, default=None,
+                               help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+        elif "bool" in hint:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif "int" in hint:
+            group.add_argument(flag, type=int, default=f.default)
+        elif "float" in hint:
+            group.add_argument(flag, type=float, default=f.default)
+        else:
+            group.add_argument(flag, default=f.default)
+
+
+def engine_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
+    """The engine args the user set (defaults left out so EngineArgs keeps its own)."""
+    out = {}
+    for f in dataclasses.fields(EngineArgs):
+        v = getattr(ns, f.name)
+        if v != f.default:
+            out[f.name] = v
+    return out
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=max_tokens)
+    group.add_argument("--temperature", type=float, default=0.7)
+    group.add_argument("--top-p", type=float, default=0.95)
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+
+
+def sampling_params(ns: argparse.Namespace):
+    from vx.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p,
+                          top_k=ns.top_k, seed=ns.sampling_seed)
+
+
+async def _generate(ns: argparse.Namespace) -> None:
+    from vx.client.async_llm import AsyncLLM
+
+    kwargs = engine_kwargs(ns)
+    model = kwargs.pop("model", None)
+    async with AsyncLLM(model, **kwargs) as llm:
+        async for delta in llm.stream(ns.prompt, sampling_params(ns)):
+            print(delta, end="", flush=True)
+        print()
+
+
+async def _chat(ns: argparse.Namespace) -> None:
+    import anyio
+
+    from vx.client.async_llm import AsyncLLM
+
+    kwargs = engine_kwargs(ns)
+    model = kwargs.pop("model", None)
+    params = sampling_params(ns)
+    history: list[dict[str, str]] = []
+    if ns.system:
+        history.append({"role": "system", "content": ns.system})
+    reply_scope: list[anyio.CancelScope] = []  # the reply in progress, if any
+
+    async with AsyncLLM(model, **kwargs) as llm, anyio.create_task_group() as tg:
+        async def watch_sigint() -> None:
+            # Ctrl-C stops the reply in progress; at the prompt it ends the session.
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    if reply_scope:
+                        reply_scope[0].cancel()
+                    else:
+                        tg.cancel_scope.cancel()
+                        return
+
+        tg.start_soon(watch_sigint)
+        print("vx chat: type a message; Ctrl-C stops a reply, Ctrl-D (or Ctrl-C at the prompt) quits.",
+              file=sys.stderr)
+        while True:
+            line = await anyio.to_thread.run_sync(_read_line, abandon_on_cancel=True)
+            if line is None:
+                break
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            reply: list[str] = []
+            with anyio.CancelScope() as scope:
+                reply_scope.append(scope)
+                async for delta in llm.chat(history, params):
+                    reply.append(delta)
+                    print(delta, end="", flush=True)
+            reply_scope.clear()
+            print(" [stopped]" if scope.cancelled_caught else "")
+            history.append({"role": "assistant", "content": "".join(reply)})
+        tg.cancel_scope.cancel()
+    print(file=sys.stderr)
+
+
+def _read_line() -> str | None:
+    try:
+        return input("> ")
+    except EOFError:
+        return None
+    except KeyboardInterrupt:
+        return None
+
+
+def _bench(ns: argparse.Namespace, rest: list[str]) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bench_dir = os.path.join(root, "benchmarks")
+    if not os.path.isdir(bench_dir):
+        raise SystemExit("vx bench runs the benchmarks of a source checkout; benchmarks/ was not found "
+                         f"next to {root}.")
+    sys.path.insert(0, root)
+    import importlib
+
+    name = ns.name or "run_all"
+    try:
+        module = importlib.import_module(f"benchmarks.{name}")
+    except ModuleNotFoundError:
+        names = sorted(f[:-3] for f in os.listdir(bench_dir) if f.endswith(".py") and not f.startswith("_"))
+        raise SystemExit(f"No benchmark {name!r}; available: {', '.join(names)}") from None
+    module.main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vx", description="vx: embeddable LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("generate", help="stream a completion of one prompt")
+    p.add_argument("prompt")
+    add_sampling_args(p, max_tokens=128)
+    add_engine_args(p)
+    p = sub.add_parser("chat", help="interactive chat with streaming replies")
+    p.add_argument("--system", default=None, help="a system message")
+    add_sampling_args(p, max_tokens=512)
+    add_engine_args(p)
+    p = sub.add_parser("bench", help="run the benchmarks (vx beside its competitors)")
+    p.add_argument("name", nargs="?", default=None, help="one benchmark (default: all, quick sizes)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    import anyio
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    ns, rest = parser.parse_known_args(argv)
+    if ns.command != "bench" and rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if ns.command == "generate":
+            anyio.run(_generate, ns)
+        elif ns.command == "chat":
+            anyio.run(_chat, ns)
+        else:
+            _bench(ns, rest)
+    except ValueError as e:
+        raise SystemExit(f"vx: error: {e}") from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

