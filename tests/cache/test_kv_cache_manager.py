@@ -110,7 +110,6 @@ def test_failed_allocation_changes_nothing():
     kv = KVCacheManager(num_blocks=5, block_size=BS)  # 4 usable
     a = Req("a", list(range(12)))
     assert admit(kv, a)[0] is not None
-    before = snapshot(kv)
     b = Req("b", [50] * 9)
     blocks, hits = kv.get_computed_blocks(b)
     before = snapshot(kv)

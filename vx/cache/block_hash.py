@@ -43,5 +43,6 @@ def update_block_hashes(block_hashes: list[BlockHash], token_ids: Sequence[int],
     parent = block_hashes[-1] if start else None
     append = block_hashes.append
     for begin in range(start * block_size, num_full * block_size, block_size):
-        parent = _sha256(_encode((parent, token_ids[begin:begin + block_size], extra_keys))).digest()
+        block = token_ids[begin:begin + block_size]
+        parent = _sha256(_encode((parent, block, extra_keys))).digest()
         append(parent)

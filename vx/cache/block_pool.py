@@ -81,7 +81,7 @@ class BlockPool:
         return blocks
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Add a reference to each block (a prefix hit), pulling ref-0 blocks out of the free queue."""
+        """Add a reference to each block (a prefix hit); ref-0 blocks leave the free queue."""
         queue = self.free_block_queue
         for block in blocks:
             if block.ref_cnt == 0:

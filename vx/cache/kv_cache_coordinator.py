@@ -33,16 +33,11 @@ class KVCacheCoordinator(ABC):
         `max_cache_hit_length` tokens. The blocks are not touched."""
 
     @abstractmethod
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[KVCacheBlock]) -> int:
-        """How many free-pool blocks `allocate` would consume to cover `num_tokens` tokens,
-        counting the ref-0 computed blocks that touching pulls out of the free queue."""
-
-    @abstractmethod
     def allocate(self, request_id: str, num_tokens: int,
-                 new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
-        """Touch and append `new_computed_blocks`, then add fresh blocks until `num_tokens`
-        tokens fit; returns the fresh blocks. The caller has checked capacity."""
+                 new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock] | None:
+        """Touch and append `new_computed_blocks` (a prefix hit, only at the first allocation),
+        then add fresh blocks until `num_tokens` tokens fit; returns the fresh blocks, or None
+        with nothing changed when the free pool cannot supply them."""
 
     @abstractmethod
     def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash],
@@ -79,35 +74,38 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             hits.append(block)
         return hits
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[KVCacheBlock]) -> int:
-        held = self.req_to_blocks.get(request_id)
-        num_held = len(held) if held else 0
-        if new_computed_blocks and num_held:
-            raise ValueError(f"request {request_id!r} already holds blocks; computed blocks "
-                             "can only be added at its first allocation")
-        num_new = -(-num_tokens // self.block_size) - num_held - len(new_computed_blocks)
-        num_needed = num_new if num_new > 0 else 0
-        for block in new_computed_blocks:
-            if block.ref_cnt == 0:
-                num_needed += 1
-        return num_needed
-
     def allocate(self, request_id: str, num_tokens: int,
-                 new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock]:
+                 new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock] | None:
         blocks = self.req_to_blocks.get(request_id)
+        num_held = len(blocks) if blocks is not None else 0
+        num_new = -(-num_tokens // self.block_size) - num_held - len(new_computed_blocks)
+        pool = self.block_pool
+        # Most decode steps need no block: skip the capacity check then.
+        if num_new > 0 or new_computed_blocks:
+            num_needed = num_new if num_new > 0 else 0
+            if new_computed_blocks:
+                if num_held:
+                    raise ValueError(f"request {request_id!r} already holds blocks; computed "
+                                     "blocks can only be added at its first allocation")
+                # Touching a ref-0 hit pulls it out of the free queue, so it competes with
+                # the fresh blocks for the same free pool.
+                for block in new_computed_blocks:
+                    if block.ref_cnt == 0:
+                        num_needed += 1
+            if num_needed > pool.free_block_queue.num_free_blocks:
+                return None
+
         if blocks is None:
             blocks = self.req_to_blocks[request_id] = []
             self.num_cached_blocks[request_id] = 0
         if new_computed_blocks:
-            self.block_pool.touch(new_computed_blocks)
+            pool.touch(new_computed_blocks)
             blocks.extend(new_computed_blocks)
             # Prefix hits are registered blocks already.
             self.num_cached_blocks[request_id] = len(blocks)
-        num_new = -(-num_tokens // self.block_size) - len(blocks)
         if num_new <= 0:
             return []
-        new_blocks = self.block_pool.get_new_blocks(num_new)
+        new_blocks = pool.get_new_blocks(num_new)
         blocks.extend(new_blocks)
         return new_blocks
 

@@ -50,9 +50,9 @@ class KVCacheManager:
     running request: `allocate_slots(req, n)`. Preemption and finishing: `free(req)`.
 
     Blocks are hashed and registered at allocation time, before the step that writes their KV
-    runs; a request admitted later in the same step may hit them, which is correct as long as
-    the attention backend stores a layer's K/V for the whole batch before reading the cache
-    (every backend here does) and a scheduled request is not freed before its step runs.
+    runs, so a request admitted later in the same step may hit them. That is correct as long
+    as the attention backend stores a layer's new K/V for the whole batch before attending
+    (store-then-attend), and a scheduled request is not freed before its step has run.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -107,16 +107,17 @@ class KVCacheManager:
         request_id = request.request_id
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         coordinator = self.coordinator
-        num_needed = coordinator.get_num_blocks_to_allocate(request_id, num_tokens, computed)
-        if num_needed > self.block_pool.free_block_queue.num_free_blocks:
-            return None
         new_blocks = coordinator.allocate(request_id, num_tokens, computed)
-        if self.enable_caching:
-            # Only tokens that exist can be hashed; a scheduled lookahead slot is not full yet.
-            known = request.num_tokens
-            update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
-            coordinator.cache_blocks(request_id, request.block_hashes,
-                                     num_tokens if num_tokens < known else known)
+        if new_blocks is None or not self.enable_caching:
+            return new_blocks
+        token_ids = request.all_token_ids
+        block_hashes = request.block_hashes
+        num_known = len(token_ids)
+        if num_known // self.block_size > len(block_hashes):  # skip the call in most steps
+            update_block_hashes(block_hashes, token_ids, self.block_size)
+        # Only tokens that exist can be hashed; a scheduled lookahead slot is not full yet.
+        coordinator.cache_blocks(request_id, block_hashes,
+                                 num_tokens if num_tokens < num_known else num_known)
         return new_blocks
 
     def free(self, request: CacheRequest) -> None:

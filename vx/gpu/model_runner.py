@@ -33,7 +33,9 @@ class ModelRunner:
         self.input_batch = InputBatch(self.block_size, device, config.model_config.seed)
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
-        self.attn_backend = get_attn_backend(config.device_config.attention_backend, device.type)
+        self.attn_backend = get_attn_backend(
+            config.device_config.attention_backend, device.type, dtype=self.dtype,
+            block_size=self.block_size, head_dim=config.model_config.head_dim)
         self.kv_caches: list[torch.Tensor] = []
         # A hook for fault-injection tests: called with the SchedulerOutput before each forward.
         self.pre_execute_hook = None

@@ -102,9 +102,8 @@ def test_selector():
     assert get_attn_backend("auto", "cpu") is TorchAttentionBackend
     assert get_attn_backend("torch", "cuda") is TorchAttentionBackend
     assert TorchAttentionBackend.get_name() == "torch"
-    for name in ("triton", "flash_attn"):
-        with pytest.raises(ValueError, match="not available yet"):
-            get_attn_backend(name, "cuda")
+    with pytest.raises(ValueError, match="flash_attn needs CUDA"):  # more in test_triton_backend.py
+        get_attn_backend("flash_attn", "cpu")
     with pytest.raises(ValueError, match="Unknown"):
         get_attn_backend("xformers", "cpu")
     assert isinstance(make_common_metadata([0], [2], [[0]], BLOCK_SIZE), CommonAttentionMetadata)

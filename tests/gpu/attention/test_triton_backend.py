@@ -1,0 +1,189 @@
+"""Triton paged-attention backend equals the torch backend, plus the backend selector.
+
+CPU: the kernels run under Triton's interpreter in ONE child process (`python this_file
+--interpret-worker`) started with TRITON_INTERPRET=1 in its environment. The flag must be set before
+triton is imported, and setting it in the pytest process would leak into every later import of triton
+(the interpreter replaces compiled kernels process-wide); the child keeps it contained and pays the
+import cost once for all cases. The child prints one JSON line {case: max_abs_err | "error text"}.
+CUDA (`gpu` marker): the same comparison on realistic shapes in bf16/fp32, and the engine end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attn_cases import compare, make_case  # noqa: E402
+
+from vx.gpu.attention import (  # noqa: E402
+    FlashAttnBackend, TorchAttentionBackend, TritonAttentionBackend, get_attn_backend)
+
+REPO = Path(__file__).resolve().parents[3]
+F32, F16 = torch.float32, torch.float16
+
+# name: (num_computed per request, num_new per request, (heads, kv_heads), head_dim, block_size, window,
+#        dtype, padding rows). head_dim 32 and <= 40 tokens keep the interpreter fast.
+CASES = {
+    "prefill_gqa": ([0, 0], [7, 12], (4, 2), 32, 4, None, F32, 3),
+    "prefill_mha": ([0, 0, 0], [5, 1, 9], (2, 2), 32, 8, None, F32, 3),
+    "decode_gqa": ([3, 16, 9], [1, 1, 1], (4, 2), 32, 4, None, F32, 2),
+    "decode_mha_block16": ([5, 0, 20], [1, 1, 1], (2, 2), 32, 16, None, F32, 1),
+    "mixed_chunked_gqa": ([9, 0, 5], [1, 6, 9], (4, 2), 32, 4, None, F32, 3),
+    "mixed_chunked_mha": ([4, 10, 0], [6, 1, 8], (2, 2), 32, 8, None, F32, 0),
+    "window_gqa": ([12, 0, 6], [1, 10, 8], (4, 2), 32, 4, 5, F32, 3),
+    "window_mha_decode": ([20, 7], [1, 1], (2, 2), 32, 4, 6, F32, 1),
+    "mqa_block16": ([0, 14], [16, 1], (4, 1), 32, 16, None, F32, 2),
+    "head_dim64_gqa": ([6, 0], [4, 9], (4, 2), 64, 8, None, F32, 1),
+    "float16_mixed": ([9, 0, 5], [1, 6, 9], (4, 2), 32, 4, None, F16, 3),
+}
+ATOL = {F32: 1e-3, F16: 1e-2}
+
+
+def _run_case(name: str) -> float:
+    computed, new, heads, head_dim, block_size, window, dtype, pad = CASES[name]
+    case = make_case(computed, new, heads, head_dim, block_size, dtype=dtype, window=window, pad=pad,
+                     seed=len(name))
+    return compare(TritonAttentionBackend, TorchAttentionBackend, case)
+
+
+def _bf16_refused() -> float:
+    """Under the interpreter bf16 must raise (its bf16 dot is wrong), not return garbage."""
+    case = make_case([2], [3], (2, 2), 32, 4, dtype=torch.bfloat16)
+    try:
+        compare(TritonAttentionBackend, TorchAttentionBackend, case)
+    except ValueError as e:
+        if "bfloat16" in str(e):
+            return 0.0
+        raise
+    raise AssertionError("bf16 under the interpreter was not refused")
+
+
+def _worker() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    assert get_attn_backend("triton", "cpu") is TritonAttentionBackend
+    results: dict[str, float | str] = {}
+    checks = {name: (lambda n=name: _run_case(n)) for name in CASES}
+    checks["bf16_refused"] = _bf16_refused
+    for name, check in checks.items():
+        try:
+            results[name] = check()
+        except Exception:  # report, and keep checking the other cases
+            results[name] = traceback.format_exc(limit=4)
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, float | str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--interpret-worker"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused"])
+def test_interpreter_matches_torch(interpreter_results, name):
+    res = interpreter_results[name]
+    assert not isinstance(res, str), res
+    tol = ATOL[CASES[name][6]] if name in CASES else 0.0
+    assert res <= tol, f"{name}: max abs error {res}"
+
+
+# ---- selector ----------------------------------------------------------------------------------------
+
+def test_selector_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert get_attn_backend("auto", "cpu") is TorchAttentionBackend
+    assert get_attn_backend("torch", "cpu") is TorchAttentionBackend
+    assert get_attn_backend("torch", "cuda") is TorchAttentionBackend
+    with pytest.raises(ValueError, match="triton needs CUDA or TRITON_INTERPRET=1"):
+        get_attn_backend("triton", "cpu")
+    with pytest.raises(ValueError, match="flash_attn needs CUDA"):
+        get_attn_backend("flash_attn", "cpu")
+    with pytest.raises(ValueError, match="Unknown attention_backend"):
+        get_attn_backend("xformers", "cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert get_attn_backend("triton", "cpu") is TritonAttentionBackend
+    assert get_attn_backend("auto", "cpu") is TorchAttentionBackend  # the interpreter is for tests only
+    with pytest.raises(ValueError, match="head_dim"):
+        get_attn_backend("triton", "cpu", head_dim=512)
+    with pytest.raises(ValueError, match="power-of-two block_size"):
+        get_attn_backend("triton", "cpu", block_size=12)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusals")
+def test_selector_without_cuda():
+    with pytest.raises(ValueError, match="triton needs CUDA"):
+        get_attn_backend("triton", "cuda")
+    with pytest.raises(ValueError, match="flash_attn needs CUDA"):
+        get_attn_backend("flash_attn", "cuda")
+
+
+def test_selector_auto_on_cuda(monkeypatch):
+    """With CUDA faked: flash_attn when it fits (bf16, 256-token blocks), else triton, else torch."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    try:
+        import flash_attn  # noqa: F401
+    except Exception:
+        with pytest.raises(ValueError, match="flash_attn is not importable"):
+            get_attn_backend("flash_attn", "cuda")
+        assert get_attn_backend("auto", "cuda") is TritonAttentionBackend
+    monkeypatch.setattr(FlashAttnBackend, "unavailable_reason", staticmethod(lambda device: None))
+    assert get_attn_backend("auto", "cuda", dtype=torch.bfloat16, block_size=256) is FlashAttnBackend
+    assert get_attn_backend("auto", "cuda", dtype=torch.bfloat16, block_size=16) is TritonAttentionBackend
+    assert get_attn_backend("auto", "cuda", dtype=torch.float32, block_size=256) is TritonAttentionBackend
+    with pytest.raises(ValueError, match="float16/bfloat16 only"):
+        get_attn_backend("flash_attn", "cuda", dtype=torch.float32)
+    monkeypatch.setattr(TritonAttentionBackend, "unavailable_reason", staticmethod(lambda device: "no"))
+    assert get_attn_backend("auto", "cuda", dtype=torch.float32) is TorchAttentionBackend
+
+
+# ---- CUDA --------------------------------------------------------------------------------------------
+
+GPU_SHAPES = {
+    # (computed, new): prefills, a chunk continuing its cache, decodes with long contexts: ~400 tokens
+    "mixed": ([0, 0, 150, 37, 300, 500, 64], [200, 33, 1, 1, 64, 1, 96]),
+    "decodes": ([17, 255, 256, 511, 1000, 3], [1, 1, 1, 1, 1, 1]),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", sorted(GPU_SHAPES))
+@pytest.mark.parametrize("heads,head_dim,window", [((32, 8), 128, None), ((16, 16), 64, None),
+                                                   ((12, 2), 64, 100), ((8, 1), 128, None)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_matches_torch_on_cuda(shape, heads, head_dim, window, dtype):
+    computed, new = GPU_SHAPES[shape]
+    case = make_case(computed, new, heads, head_dim, 16, dtype=dtype, device="cuda", window=window, pad=5)
+    assert get_attn_backend("triton", "cuda", dtype=dtype, head_dim=head_dim) is TritonAttentionBackend
+    err = compare(TritonAttentionBackend, TorchAttentionBackend, case)
+    assert err <= (3e-2 if dtype == torch.bfloat16 else 1e-3), err
+
+
+@pytest.mark.gpu
+def test_engine_greedy_triton_equals_torch_on_cuda(tiny_model_dir):
+    """The whole engine on CUDA in float32: triton attention gives torch attention's greedy tokens."""
+    import vx
+
+    prompts = [[(7 * i + j) % 300 + 1 for j in range(n)] for i, n in enumerate((1, 5, 17, 40, 64))]
+    params = vx.SamplingParams(temperature=0.0, max_tokens=16)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = vx.LLM(tiny_model_dir, dtype="float32", device="cuda", attention_backend=backend,
+                     max_num_batched_tokens=32)
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.shutdown()
+    assert tokens["triton"] == tokens["torch"]
+
+
+if __name__ == "__main__" and "--interpret-worker" in sys.argv:
+    _worker()
