@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -244,20 +245,27 @@ class Table:
 
     def render(self) -> str:
         cells = [[_fmt(c) for c in row] for row in self.rows]
+        ncol = len(self.headers)
         widths = [max([len(h)] + [len(r[i]) for r in cells if i < len(r)]) for i, h in enumerate(self.headers)]
+        # numbers right-aligned, text (and the first column) left-aligned
+        numeric = [i > 0 and all(_NUMBER_LIKE.match(r[i]) for r in cells if i < len(r)) for i in range(ncol)]
 
         def line(items: Sequence[str]) -> str:
-            return "| " + " | ".join(s.rjust(w) if i else s.ljust(w)
-                                     for i, (s, w) in enumerate(zip(items, widths))) + " |"
+            return "| " + " | ".join(s.rjust(w) if num else s.ljust(w)
+                                     for s, w, num in zip(items, widths, numeric)) + " |"
 
         out = [f"### {self.title}", "", line(self.headers),
-               "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-        out += [line(r + [""] * (len(widths) - len(r))) for r in cells]
-        out += [""] + [f"{n}" for n in self.notes]
+               "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2))
+                              for w, num in zip(widths, numeric)) + "|"]
+        out += [line(r + [""] * (ncol - len(r))) for r in cells]
+        out += [""] + list(self.notes)
         return "\n".join(out).rstrip() + "\n"
 
     def print(self) -> None:
         print(self.render(), flush=True)
+
+
+_NUMBER_LIKE = re.compile(r"^([-+]?[\d,]*\.?\d+(e[-+]?\d+)?[x%]?|n/a|-)$")
 
 
 def _fmt(v: Any) -> str:

@@ -8,7 +8,8 @@ Measures `F.linear` time for each per-layer GEMM of the model (qkv, o, gate_up, 
 token batches 1..256 and in each dtype, and a large tensor copy. From those:
 
 - peak GFLOP/s: the best GEMM rate measured at the model's shapes;
-- peak GB/s: the better of the copy rate (read + write) and the weight-streaming rate of batch-1 GEMMs;
+- peak GB/s: the better of the copy rate (read + write) and the weight-streaming rate of batch-1 GEMMs
+  (each GEMM is timed over one distinct weight per layer, as in a real step, so weights come from memory);
 - decode-step lower bound at batch B: max(FLOPs / peak GFLOP/s, bytes / peak GB/s), with the FLOPs of
   every linear layer and of attention over `--context-len` tokens, and the bytes of every weight (read
   once per step) plus the KV cache of B sequences of `--context-len` tokens.
@@ -134,17 +135,31 @@ def _sync(device: str) -> Any:
     return torch.cuda.synchronize if device == "cuda" else None
 
 
-def time_gemm(gemm: Gemm, batch: int, dtype: str, device: str, min_time: float) -> GemmTiming:
-    """Best-of-N time of `F.linear` at the GEMM's shape with `batch` token rows."""
+def time_gemm(gemm: Gemm, batches: list[int], dtype: str, device: str, min_time: float) -> list[GemmTiming]:
+    """Best-of-N time of `F.linear` at the GEMM's shape for each token batch size.
+
+    Like a decoder step, each timed round runs the GEMM once on each of `per_step` distinct weight
+    matrices (one per layer), so that the weights stream from memory instead of sitting in a cache; the
+    time of one GEMM is the round's time / `per_step`.
+    """
     import torch
     import torch.nn.functional as F
 
     td = torch_dtype(dtype)
-    w = torch.randn(gemm.out_features, gemm.in_features, device=device).mul_(0.02).to(td)
-    x = torch.randn(batch, gemm.in_features, device=device).to(td)
+    weights = [torch.randn(gemm.out_features, gemm.in_features, dtype=td, device=device).mul_(0.02)
+               for _ in range(gemm.per_step)]
+    out = []
     with torch.inference_mode():
-        times = measure(lambda: F.linear(x, w), min_time=min_time, min_reps=2, sync=_sync(device))
-    return GemmTiming(gemm, batch, dtype, min(times))
+        for b in batches:
+            x = torch.randn(b, gemm.in_features, dtype=td, device=device)
+
+            def round_() -> None:
+                for w in weights:
+                    F.linear(x, w)
+
+            times = measure(round_, min_time=min_time, min_reps=2, sync=_sync(device))
+            out.append(GemmTiming(gemm, b, dtype, min(times) / gemm.per_step))
+    return out
 
 
 def copy_bandwidth(dtype: str, device: str, min_time: float, nbytes: int = 256 * 2**20) -> float:
@@ -162,7 +177,7 @@ def measure_shapes(shape: ModelShape, dtype: str, device: str, batches: list[int
                    min_time: float) -> tuple[list[GemmTiming], Limits]:
     """Time every GEMM of `shape` at every batch size (batch 1 always included) and derive the limits."""
     batches = sorted(set(batches) | {1})
-    timings = [time_gemm(g, b, dtype, device, min_time) for b in batches for g in shape.gemms()]
+    timings = [t for g in shape.gemms() for t in time_gemm(g, batches, dtype, device, min_time)]
     peak = max(t.gflops for t in timings)
     gemv = max(t.gbps for t in timings if t.batch == 1)
     return timings, Limits(dtype, peak, copy_bandwidth(dtype, device, min_time), gemv)
@@ -231,7 +246,7 @@ def _gemm_table(shape: ModelShape, timings: list[GemmTiming], dtype: str) -> Tab
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="vx bench roofline", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="vx bench roofline", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to measure")
@@ -263,8 +278,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{device}, torch threads {torch.get_num_threads()}\n", flush=True)
 
     limits: dict[str, Limits] = {}
+    gemm_step: dict[tuple[str, int], float] = {}  # (dtype, batch) -> seconds of all GEMMs of a step
     for d in dtypes:
         timings, limits[d] = measure_shapes(shape, d, device, args.batches, args.min_time)
+        for t in timings:
+            gemm_step[(d, t.batch)] = gemm_step.get((d, t.batch), 0.0) + t.seconds * t.gemm.per_step
         _gemm_table(shape, timings, d).print()
 
     lim_table = Table("Machine limits measured at these shapes", ["dtype", "peak GFLOP/s", "copy GB/s",
@@ -295,9 +313,18 @@ def main(argv: list[str] | None = None) -> None:
                                    args.vx_output_len, args.seed)
         context, source = args.vx_prompt_len + args.vx_output_len // 2, "measured"
     limit = args.vx_batch / max(step_lower_bound(shape, args.vx_batch, limits[vx_dtype], context))
+    if (vx_dtype, args.vx_batch) not in gemm_step:
+        gemm_step[(vx_dtype, args.vx_batch)] = sum(
+            t.seconds * t.gemm.per_step for g in shape.gemms()
+            for t in time_gemm(g, [args.vx_batch], vx_dtype, device, args.min_time))
+    gemm_tps = args.vx_batch / gemm_step[(vx_dtype, args.vx_batch)]
     t = Table("vx against the roofline", ["", "batch", "dtype", "tokens/s", "fraction of roofline"])
     t.add(f"vx ({source})", args.vx_batch, vx_dtype, vx_tps, f"{100 * vx_tps / limit:.1f}%")
+    t.add("torch F.linear alone at the model's shapes", args.vx_batch, vx_dtype, gemm_tps,
+          f"{100 * gemm_tps / limit:.1f}%")
     t.add("roofline", args.vx_batch, vx_dtype, limit, "100%")
+    t.notes.append(f"vx reaches {100 * vx_tps / gemm_tps:.1f}% of the speed of its GEMMs alone (measured "
+                   "F.linear time of one step's linear layers, no attention or other work)")
     if source == "measured":
         t.notes.append(f"vx run: {args.vx_batch} requests x ({args.vx_prompt_len} prompt + {args.vx_output_len} "
                        f"generated) tokens, prefill included; bound at mean context {context}.")

@@ -133,7 +133,7 @@ class HFRunner:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="vx bench throughput", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="vx bench throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
     ap.add_argument("--num-requests", type=int, default=128)

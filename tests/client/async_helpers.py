@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import psutil
@@ -49,6 +48,3 @@ def cpu_seconds(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return t.user + t.system
 
-
-def ipc_dir_exists(path: str) -> bool:
-    return os.path.exists(path)

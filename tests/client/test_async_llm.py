@@ -1,6 +1,7 @@
 """AsyncLLM over a background engine process, on asyncio and trio: streaming, cancellation, aborts, death.
 
-One engine per backend serves the whole module; the last test kills it (SIGKILL), so keep it last.
+One engine per backend serves the whole module; the last test kills it (SIGKILL), so keep it last. (An engine
+fault inside execute_model is tested in tests/e2e/test_streaming.py, on the engine that test already starts.)
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import gc
 import os
 import random
 import signal
+import sys
 import time
 
 import anyio
@@ -147,12 +149,13 @@ async def test_slow_consumer_does_not_block_others(llm):
     expected = (await llm.complete(prompt, greedy(24, ignore_eos=True))).outputs[0].text
     slow = llm.generate(prompt, greedy(24, ignore_eos=True, output_kind=Kind.DELTA))
     first = await slow.__anext__()  # the request runs; now stop reading it for a while
-    t0 = time.monotonic()
-    fast = await llm.complete("fast one", greedy(24, ignore_eos=True))
-    assert fast.finished and time.monotonic() - t0 < 5
-    await anyio.sleep(0.3)
+    with anyio.fail_after(60):  # would hang if the output task waited for the slow consumer
+        fast = await llm.complete("fast one", greedy(24, ignore_eos=True))
+        assert fast.finished
+        while (await llm.stats()).num_running:  # let the slow request finish unread
+            await anyio.sleep(0.05)
     rest = [o async for o in slow]
-    assert len(rest) <= 2  # everything produced meanwhile merged into (about) one output
+    assert len(rest) == 1 and rest[0].finished  # everything produced meanwhile merged into one output
     assert first.outputs[0].text + "".join(o.outputs[0].text for o in rest) == expected
     await assert_idle(llm)
 
@@ -268,10 +271,17 @@ async def test_explicit_abort(llm):
     await assert_idle(llm)
 
 
-async def test_dropped_generator_is_aborted(llm):
-    gen = llm.generate("dropped", greedy(400, ignore_eos=True))
-    await gen.__anext__()
-    del gen  # never closed explicitly: the event loop's async-generator finalizer (or GC) must abort it
+@pytest.mark.parametrize("loop_hooks", [True, False], ids=["loop-finalizer", "no-hooks"])
+async def test_dropped_generator_is_aborted(llm, loop_hooks):
+    hooks = sys.get_asyncgen_hooks()
+    if not loop_hooks:  # as if no event loop tracked it: deleting the generator closes it on the spot
+        sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+    try:
+        gen = llm.generate("dropped", greedy(400, ignore_eos=True))
+        await gen.__anext__()
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    del gen  # never closed explicitly: the loop's async-generator finalizer, or plain GC, must abort it
     gc.collect()
     for _ in range(100):
         await anyio.sleep(0.02)
@@ -292,23 +302,6 @@ async def test_idle_front_end_does_not_spin(llm):
 
 
 # ------------------------------------------------------------------------------------------- engine death
-async def test_engine_fault_raises_engine_dead_error(anyio_backend, tiny_model_dir, monkeypatch):
-    from vx.core.engine_core import TEST_FAIL_AFTER_STEPS_ENV
-
-    monkeypatch.setenv(TEST_FAIL_AFTER_STEPS_ENV, "3")
-    before = child_pids()
-    async with vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS) as llm:
-        t0 = time.monotonic()
-        with pytest.raises(vx.EngineDeadError, match="injected failure") as info:
-            async for _ in llm.stream("doomed", greedy(50, ignore_eos=True)):
-                pass
-        assert time.monotonic() - t0 < 5
-        assert "pre_execute_hook" in str(info.value.__cause__) or "fail_after" in str(info.value.__cause__)
-        with pytest.raises(vx.EngineDeadError, match="injected failure"):
-            await llm.complete("later", greedy(4))
-    assert child_pids() <= before
-
-
 async def test_sigkill_mid_stream(llm):
     """Keep last: kills the module's engine."""
     pid = llm._client.engine.proc.pid
@@ -344,7 +337,9 @@ async def test_sigkill_mid_stream(llm):
         async for _ in llm.generate("new", greedy(4)):
             pass
     assert time.monotonic() - t0 < 0.5
-    await llm.shutdown()
+    with anyio.CancelScope() as scope:  # shutting down under cancellation must still stop and reap the engine
+        scope.cancel()
+        await llm.shutdown()
     assert not psutil.pid_exists(pid)  # reaped, not a zombie
     assert child_pids() == set()
     assert not os.path.exists(ipc_dir)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -150,34 +152,56 @@ def test_engine_fault_reaches_the_client_with_its_message(tiny_model_dir, monkey
 
 
 _PARENT = textwrap.dedent("""
-    import sys, threading, time
+    import sys, tempfile, threading, time
     import psutil
     from vx.client.engine_process import EngineProcess
     from vx.config import EngineArgs
 
-    holder = {}
-    threading.Thread(target=lambda: holder.setdefault("ep", EngineProcess(EngineArgs(model=sys.argv[1],
-                     dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128))), daemon=True).start()
-    while "ep" not in holder:
+    tempfile.tempdir = sys.argv[2]  # the ipc dir goes where the test can look for it
+    args = EngineArgs(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128)
+    holder = []  # keeps the EngineProcess alive: dropping it would stop the engine
+    threading.Thread(target=lambda: holder.append(EngineProcess(args)), daemon=True).start()
+    me = psutil.Process()
+    while True:  # wait until the engine runs its own code (its parent watchdog is its first thread)
+        engines = [c for c in me.children() if "resource_tracker" not in " ".join(c.cmdline())]
+        if engines and engines[0].num_threads() >= 2:
+            break
         time.sleep(0.05)
-    ep = holder["ep"]
-    print(ep.proc.pid, ep.ipc_dir, flush=True)
+    print(engines[0].pid, flush=True)
     time.sleep(600)
 """)
 
 
-def test_engine_exits_when_its_parent_dies(tiny_model_dir):
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, tiny_model_dir], stdout=subprocess.PIPE, text=True)
+def test_engine_exits_when_its_parent_dies(tiny_model_dir, tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, tiny_model_dir, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
     try:
-        line = parent.stdout.readline().split()
+        line = parent.stdout.readline().strip()
         assert line, "the parent process failed to start the engine"
-        pid, ipc_dir = int(line[0]), line[1]
-        assert not process_gone(pid)
+        pid = int(line)
+        assert not process_gone(pid) and len(os.listdir(tmp_path)) == 1
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         assert wait_until(lambda: process_gone(pid), timeout=5.0), "the engine outlived its parent"
-        assert wait_until(lambda: not os.path.exists(ipc_dir), timeout=2.0)
+        assert wait_until(lambda: not os.listdir(tmp_path), timeout=2.0), "the ipc dir was left behind"
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_start_up_failure_comes_back_through_the_handshake(tiny_model_dir, tmp_path, monkeypatch):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    args = EngineArgs(model=str(broken), **ENGINE_KWARGS)
+    args.create_config()  # fine here: only the engine process finds out
+    ipc_root = tmp_path / "ipc"
+    ipc_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(ipc_root))  # where the engine's ipc dir is made
+    before = child_pids()
+    with pytest.raises(vx.EngineDeadError, match="failed to start") as info:
+        EngineProcess(args)
+    assert "Traceback" in str(info.value.__cause__)
+    assert child_pids() <= before
+    assert os.listdir(ipc_root) == []

@@ -1,5 +1,6 @@
 """Whole-system: 64 concurrent AsyncLLM streams (asyncio and trio) and `LLM(multiprocess=True)` give exactly
-what the in-process `vx.LLM` gives for the same greedy requests; SIGKILL under `LLM(multiprocess=True)`."""
+what the in-process `vx.LLM` gives for the same greedy requests; then each engine dies (a fault inside
+execute_model under AsyncLLM, SIGKILL under `LLM(multiprocess=True)`) and every caller hears of it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from async_helpers import ENGINE_KWARGS, child_pids, process_gone
 
 import vx
+from vx.core.engine_core import TEST_FAIL_FILE_ENV
 from vx.sampling_params import RequestOutputKind as Kind
 
 PROMPTS = [f"Request number {i}: {'abcdefghij'[i % 10] * (1 + i % 7)}" for i in range(64)]
@@ -31,7 +33,11 @@ def reference(tiny_model_dir) -> list[tuple[str, list[int]]]:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.anyio
-async def test_64_concurrent_streams_match_in_process_llm(anyio_backend, tiny_model_dir, reference):
+async def test_64_concurrent_streams_match_in_process_llm_then_engine_fault(anyio_backend, tiny_model_dir,
+                                                                          reference, tmp_path, monkeypatch):
+    crash_file = tmp_path / "crash"
+    monkeypatch.setenv(TEST_FAIL_FILE_ENV, str(crash_file))  # armed, fires once the file exists
+    before = child_pids()
     texts: dict[int, str] = {}
     token_ids: dict[int, list[int]] = {}
 
@@ -54,6 +60,29 @@ async def test_64_concurrent_streams_match_in_process_llm(anyio_backend, tiny_mo
         stats = await llm.stats()
         assert (stats.num_running, stats.num_waiting, stats.kv_blocks_in_use) == (0, 0, 0)
         assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+
+        # The engine raises inside execute_model: every stream gets EngineDeadError carrying the message.
+        started, failed = [], []
+
+        async def victim(i: int) -> None:
+            with pytest.raises(vx.EngineDeadError, match="injected failure") as info:
+                async for _ in llm.stream(f"victim {i}", PARAMS.clone(max_tokens=5000, ignore_eos=True)):
+                    started.append(i)
+            assert "Traceback" in str(info.value.__cause__)
+            failed.append(time.monotonic())
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(victim, i)
+                while len(set(started)) < 4:
+                    await anyio.sleep(0.01)
+                crash_file.write_text("")
+                crashed_at = time.monotonic()
+        assert len(failed) == 4 and max(failed) - crashed_at < 2.0
+        with pytest.raises(vx.EngineDeadError, match="injected failure"):
+            await llm.complete("after", PARAMS)
+    assert child_pids() <= before
 
 
 def test_llm_multiprocess_matches_in_process(tiny_model_dir, reference):

@@ -36,6 +36,8 @@ class AsyncLLM:
 
     The constructor only validates the arguments; entering the context starts the engine process without
     blocking the event loop, and leaving it shuts the engine down. Use it from one event loop (thread).
+    The engine process is spawned, which re-imports a script's main module: guard the script's entry point
+    with `if __name__ == "__main__":`.
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
@@ -44,12 +46,14 @@ class AsyncLLM:
         self.tokenizer: Any = None
         self._client: AsyncMPClient | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._background: list[tuple[anyio.CancelScope, anyio.Event]] = []  # the output and watcher tasks
         self._loop_thread: int | None = None
         # Weak values: a stream whose generator was dropped unclosed vanishes, and its finalizer aborts it.
         self._streams: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
         # Aborted request ids whose front-end state could not be dropped where the abort happened (a finalizer
         # or another thread); the loop's thread drops it at the next occasion.
-        self._deferred_drops: collections.deque[str] = collections.deque()
+        self._deferred_drops: collections.deque[tuple[str, weakref.ref[RequestStream] | None]] = \
+            collections.deque()
         self._busy = False  # the loop's thread is inside a section that walks the front-end state
         self._closed = False
 
@@ -65,14 +69,24 @@ class AsyncLLM:
                 await self._close_client()
             raise
         self._loop_thread = threading.get_ident()
+        # The task group lives in the caller's task from here to __aexit__, so it must be exited there, in
+        # order. `shutdown()` may run anywhere (any nesting of cancel scopes): it stops the background tasks
+        # through their own scopes, and the group is left empty for __aexit__ to close.
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
-        self._task_group.start_soon(self._output_loop, name="vx-output")
-        self._task_group.start_soon(self._client.watch_engine, name="vx-engine-watch")
+        for fn in (self._output_loop, self._client.watch_engine):
+            scope, done = anyio.CancelScope(), anyio.Event()
+            self._background.append((scope, done))
+            self._task_group.start_soon(_run_in_scope, fn, scope, done, name=f"vx-{fn.__name__}")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.shutdown()
+        try:
+            await self.shutdown()
+        finally:
+            if self._task_group is not None:
+                tg, self._task_group = self._task_group, None
+                await tg.__aexit__(None, None, None)  # empty by now
 
     def _start_blocking(self) -> None:
         from vx.client.output_processor import OutputProcessor
@@ -92,11 +106,11 @@ class AsyncLLM:
         self._closed = True
         self._client.engine.closing = True
         self._fail_all(EngineDeadError("The AsyncLLM was shut down."))
-        if self._task_group is not None:
-            self._task_group.cancel_scope.cancel()
-            await self._task_group.__aexit__(None, None, None)
-            self._task_group = None
         with anyio.CancelScope(shield=True):  # even under cancellation, never leave the process behind
+            for scope, _ in self._background:
+                scope.cancel()
+            for _, done in self._background:
+                await done.wait()  # no task may touch the sockets once they close
             await self._close_client()
 
     async def _close_client(self) -> None:
@@ -119,7 +133,7 @@ class AsyncLLM:
                 yield output
         finally:
             if not finished:
-                self._abort_now(stream.request_id)
+                self._abort_now(stream)
 
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None,
                      request_id: str | None = None) -> AsyncGenerator[str, None]:
@@ -136,7 +150,25 @@ class AsyncLLM:
                     yield text
         finally:
             if not finished:
-                self._abort_now(stream.request_id)
+                self._abort_now(stream)
+
+    async def chat(self, messages: list[dict[str, Any]], params: SamplingParams | None = None, *,
+                   tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
+                   request_id: str | None = None) -> AsyncGenerator[str, None]:
+        """Stream the assistant's reply to `messages` (OpenAI-style dicts) as text deltas.
+
+        The model's chat template renders the conversation (with `tools`, if given); the reply stops at the
+        template's end-of-turn token. Without `params`, a chat default applies (`max_tokens=512`, T=0.7).
+        """
+        from vx.client.chat import chat_sampling_params, render_chat_prompt
+
+        self._require_client()
+        text = render_chat_prompt(self.tokenizer, messages, tools=tools, chat_template=chat_template)
+        # The template already holds the special tokens (bos etc.): tokenize without adding them again.
+        prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        params = chat_sampling_params(params, self.tokenizer, chat_template)
+        async for delta in self.stream(prompt_ids, params, request_id):
+            yield delta
 
     async def complete(self, prompt: Prompt, params: SamplingParams | None = None,
                        request_id: str | None = None) -> RequestOutput:
@@ -149,7 +181,7 @@ class AsyncLLM:
                 if output.finished:
                     return output
         except BaseException:
-            self._abort_now(stream.request_id)
+            self._abort_now(stream)
             raise
 
     async def abort(self, request_id: str) -> None:
@@ -183,7 +215,7 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------------------------------- internals
     def _require_client(self) -> AsyncMPClient:
-        if self._client is None or self._task_group is None:
+        if self._client is None or self._closed:
             if self._closed:
                 raise EngineDeadError("The AsyncLLM was shut down.")
             raise RuntimeError("Start the engine first: `async with vx.AsyncLLM(...) as llm:`.")
@@ -212,33 +244,40 @@ class AsyncLLM:
             self._busy = False
         return stream
 
-    def _abort_now(self, request_id: str) -> None:
-        """Synchronous abort (works under cancellation and in finalizers): tell the engine, drop our state."""
-        if self._client is None:
+    def _abort_now(self, stream: RequestStream) -> None:
+        """Synchronous abort (works under cancellation and in finalizers): tell the engine, drop our state.
+
+        Only while `stream` is still its request's registered stream: once the request ended (or failed, or was
+        aborted) there is nothing to abort, and its id may already name a new request.
+        """
+        rid = stream.request_id
+        if self._client is None or self._streams.get(rid) is not stream:
             return
-        self._client.abort_requests([request_id])
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.detach()
+        stream.detach()
+        self._client.abort_requests([rid])
         if threading.get_ident() == self._loop_thread and not self._busy:
-            self._drop(request_id)
+            self._drop(rid, stream)
         else:
-            self._deferred_drops.append(request_id)
+            self._deferred_drops.append((rid, weakref.ref(stream)))
 
     def _abort_from_finalizer(self, request_id: str) -> None:
         # A finalizer may run in any thread, or inside a section of the loop's thread that walks the front-end
         # state: only the (thread-safe) engine abort happens now, the state is dropped later on the loop.
         if self._client is not None:
             self._client.abort_requests([request_id])
-            self._deferred_drops.append(request_id)
+            self._deferred_drops.append((request_id, None))
 
-    def _drop(self, request_id: str) -> None:
+    def _drop(self, request_id: str, stream: RequestStream | None) -> None:
+        current = self._streams.get(request_id)
+        if current is not None and current is not stream:
+            return  # the id already names a newer request
         self._streams.pop(request_id, None)
         self.output_processor.abort_requests([request_id])
 
     def _drain_deferred(self) -> None:
         while self._deferred_drops:
-            self._drop(self._deferred_drops.popleft())
+            rid, ref = self._deferred_drops.popleft()
+            self._drop(rid, ref() if ref is not None else None)
 
     async def _output_loop(self) -> None:
         """Demultiplex engine outputs into the request streams. Never raises (but for cancellation)."""
@@ -300,6 +339,14 @@ class AsyncLLM:
                 stream.fail(copy)
         finally:
             self._busy = False
+
+
+async def _run_in_scope(fn: Any, scope: anyio.CancelScope, done: anyio.Event) -> None:
+    try:
+        with scope:
+            await fn()
+    finally:
+        done.set()
 
 
 def _abort_lost_stream(llm_ref: "weakref.ReferenceType[AsyncLLM]", request_id: str) -> None:

@@ -104,10 +104,12 @@ class SyncMPClient(EngineCoreClient):
         self._poller.register(self.engine.sentinel, zmq.POLLIN)
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a validated request to the engine (non-blocking); `EngineDeadError` once it is dead."""
         self.engine.raise_if_dead()
         self.engine.send(EngineCoreRequestType.ADD, request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
+        """Tell the engine to stop these requests and free their blocks; a no-op once it is dead."""
         if request_ids and not self.engine.is_dead:
             self.engine.send(EngineCoreRequestType.ABORT, list(request_ids))
 
@@ -132,6 +134,7 @@ class SyncMPClient(EngineCoreClient):
             self._outputs.append(outs)  # step outputs that came first wait for get_output()
 
     def stats(self) -> EngineStats:
+        """The engine's `EngineStats`, fetched over the socket."""
         return msgspec.convert(self.call_utility("stats"), EngineStats)
 
     def _recv(self) -> EngineCoreOutputs:
@@ -140,21 +143,22 @@ class SyncMPClient(EngineCoreClient):
         exited_at: float | None = None
         while True:
             engine.raise_if_dead()
-            events = dict(self._poller.poll(timeout=20 if exited_at is not None else None))
-            if engine.output_socket in events:
+            if exited_at is None:
+                ready = dict(self._poller.poll())
+            else:  # the process is gone; its last message (why it died) may still be arriving
+                ready = {engine.output_socket: zmq.POLLIN} if engine.output_socket.poll(20) else {}
+                if not ready and time.monotonic() - exited_at > DEATH_GRACE_S:
+                    engine.mark_exited()
+            if engine.output_socket in ready:
                 outs = engine.decoder.decode(engine.output_socket.recv())
                 engine.check_outputs(outs)
                 if outs.engine_error is None:
                     return outs
-            elif engine.sentinel in events:
-                # The process is gone; its last message (why it died) may still be arriving.
-                now = time.monotonic()
-                if exited_at is None:
-                    exited_at = now
-                elif now - exited_at > DEATH_GRACE_S:
-                    engine.mark_exited()
+            elif engine.sentinel in ready:
+                exited_at = time.monotonic()
 
     def shutdown(self) -> None:
+        """Stop the engine gracefully (then by force) and release the sockets and the ipc directory."""
         self.engine.close()
 
 
@@ -176,6 +180,7 @@ class AsyncMPClient(EngineCoreClient):
 
     # ------------------------------------------------------------------------------------------ requests
     def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a validated request to the engine without blocking; `EngineDeadError` once it is dead."""
         self.engine.raise_if_dead()
         self.engine.send(EngineCoreRequestType.ADD, request)
 
@@ -185,9 +190,11 @@ class AsyncMPClient(EngineCoreClient):
             self.engine.send(EngineCoreRequestType.ABORT, list(request_ids))
 
     def get_output(self) -> EngineCoreOutputs:
+        """Not available: this client is async (use `get_output_async`)."""
         raise NotImplementedError("AsyncMPClient is async: use get_output_async().")
 
     def stats(self) -> EngineStats:
+        """Not available: this client is async (use `stats_async`)."""
         raise NotImplementedError("AsyncMPClient is async: use stats_async().")
 
     def dead_error(self) -> Exception | None:
@@ -262,6 +269,7 @@ class AsyncMPClient(EngineCoreClient):
         return _utility_result(waiter[1], method)
 
     async def stats_async(self) -> EngineStats:
+        """The engine's `EngineStats`, fetched over the socket."""
         return msgspec.convert(await self.call_utility_async("stats"), EngineStats)
 
     def _resolve(self, out: UtilityOutput) -> None:

@@ -113,10 +113,16 @@ class EngineProcess:
         while True:
             now = time.monotonic()
             if exited_at is not None and now - exited_at > DEATH_GRACE_S:
-                raise EngineDeadError(f"The vx engine failed to start: {self.exit_description()}.")
+                raise EngineDeadError(
+                    f"The vx engine failed to start: {self.exit_description()} before it could report why (see "
+                    "its output above). The engine process is spawned and re-imports the main module: a script "
+                    "must guard its entry point with `if __name__ == '__main__':`.")
             if now > deadline:
                 raise EngineDeadError(f"The vx engine did not start within {timeout:.0f} s.")
-            events = dict(poller.poll(timeout=50 if exited_at is not None else 1000))
+            if exited_at is None:
+                events = dict(poller.poll(timeout=1000))
+            else:  # the sentinel stays readable now: wait on the socket alone
+                events = {self.output_socket: zmq.POLLIN} if self.output_socket.poll(50) else {}
             if self.output_socket in events:
                 ready = self.decoder.decode_ready(self.output_socket.recv())
                 if ready.error is not None:
@@ -173,6 +179,7 @@ class EngineProcess:
 
     @property
     def is_dead(self) -> bool:
+        """True once the engine is known to be gone (died, killed, or shut down)."""
         return self._dead is not None
 
     def dead_error(self) -> EngineDeadError | None:
@@ -186,11 +193,13 @@ class EngineProcess:
         return err
 
     def raise_if_dead(self) -> None:
+        """Raise `EngineDeadError` once the engine is gone; every client call starts with this."""
         err = self.dead_error()
         if err is not None:
             raise err
 
     def exit_description(self) -> str:
+        """How the process ended, in words (exit code or signal name), for error messages."""
         code = self.proc.exitcode
         if code is None:
             return "the engine process stopped responding"

@@ -132,6 +132,7 @@ class InputDecoder:
         self._raw = msgspec.msgpack.Decoder()
 
     def decode(self, frames: list[bytes]) -> tuple[EngineCoreRequestType, Any]:
+        """(type, payload) of one input message; `ValueError` when it is malformed or of an unknown type."""
         if len(frames) != 2 or len(frames[0]) != 1:
             raise ValueError(f"malformed input message: expected 2 frames [type byte, payload], got "
                              f"{len(frames)} frame(s)")
@@ -166,7 +167,9 @@ class OutputDecoder:
         self._ready = msgspec.msgpack.Decoder(EngineCoreReady)
 
     def decode(self, frame: bytes) -> EngineCoreOutputs:
+        """One step's (or utility call's) output message."""
         return self._outputs.decode(frame)
 
     def decode_ready(self, frame: bytes) -> EngineCoreReady:
+        """The handshake, the first message the engine sends."""
         return self._ready.decode(frame)

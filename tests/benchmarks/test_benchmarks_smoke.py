@@ -1,0 +1,98 @@
+"""Smoke test of the benchmark suite: every benchmark's `main()` runs end to end at the tiniest sizes.
+
+These check that the scripts work and print their comparison, never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+from benchmarks import BENCHMARKS, get_main  # noqa: E402
+from benchmarks import run_all  # noqa: E402
+from benchmarks.common import Table, build_random_model, make_workload, percentile, poisson_arrivals  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory) -> str:
+    """A random 2-layer model (hidden 64) with the tiny tokenizer."""
+    return build_random_model("micro", str(tmp_path_factory.mktemp("bench-micro")))
+
+
+def test_every_benchmark_has_a_main():
+    for name in BENCHMARKS:
+        assert callable(get_main(name))
+
+
+def test_common_helpers():
+    wl = make_workload(5, (3, 7), (2, 4), (10, 20), seed=1)
+    assert wl == make_workload(5, (3, 7), (2, 4), (10, 20), seed=1)  # seeded
+    assert all(3 <= len(p) <= 7 and all(10 <= t < 20 for t in p) for p in wl.prompts)
+    assert all(2 <= n <= 4 for n in wl.output_lens)
+    arrivals = poisson_arrivals(10, 5.0, seed=0)
+    assert arrivals[0] == 0.0 and arrivals == sorted(arrivals)
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    t = Table("T", ["a", "b"])
+    t.add("x", 1.234)
+    assert "| x " in t.render() and "1.23" in t.render()
+
+
+def test_engine_overhead(capsys):
+    get_main("engine_overhead")(["--num-running", "4,8", "--steps", "3", "--min-prompt-len", "4",
+                                 "--max-prompt-len", "20", "--block-size", "4"])
+    out = capsys.readouterr().out
+    assert "scheduler + KV vs 30 µs target" in out and "prepare" in out
+
+
+def test_roofline(micro_model, capsys):
+    get_main("roofline")(["--model", micro_model, "--dtypes", "float32", "--batches", "1,4", "--min-time", "0.001",
+                          "--vx-batch", "2", "--vx-prompt-len", "4", "--vx-output-len", "3"])
+    out = capsys.readouterr().out
+    assert "peak GFLOP/s" in out and "fraction of roofline" in out
+
+
+def test_roofline_tokens_per_s(micro_model):
+    from benchmarks.roofline import roofline_tokens_per_s
+
+    one = roofline_tokens_per_s(micro_model, 1, "float32", "cpu", min_time=0.001)
+    assert one > 0
+
+
+def test_throughput(micro_model, capsys):
+    get_main("throughput")(["--model", micro_model, "--num-requests", "3", "--min-prompt-len", "4",
+                            "--max-prompt-len", "12", "--min-output-len", "2", "--max-output-len", "4",
+                            "--hf-batch-sizes", "1,2", "--hf-probe-tokens", "2"])
+    out = capsys.readouterr().out
+    assert "HF generate" in out and "vs HF" in out and "of the decode roofline" in out
+
+
+def test_prefix_caching(micro_model, capsys):
+    get_main("prefix_caching")(["--model", micro_model, "--num-requests", "2", "--prefix-len", "32",
+                                "--suffix-len", "2", "--output-len", "2"])
+    out = capsys.readouterr().out
+    assert "| on " in out and "| off " in out and "speed-up" in out
+
+
+def test_streaming(micro_model, capsys):
+    get_main("streaming")(["--model", micro_model, "--num-requests", "3", "--rate", "50", "--min-prompt-len", "4",
+                           "--max-prompt-len", "8", "--output-len", "3"])
+    out = capsys.readouterr().out
+    assert "TTFT p99 ms" in out and "AsyncLLM / in-process" in out
+
+
+def test_run_all_writes_a_report(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run_all, "QUICK", [("engine_overhead", ["--num-running", "4", "--steps", "2",
+                                                                "--min-prompt-len", "4", "--max-prompt-len", "8"])])
+    report = tmp_path / "report.md"
+    run_all.main(["--out", str(report)])
+    text = report.read_text()
+    assert "## engine_overhead" in text and "### Summary" in text and "FAILED" not in text
+    assert run_all.plan(True, ["throughput"], "micro", []) == [("throughput", ["--model", "micro"])]
