@@ -15,6 +15,8 @@ BENCHMARKS: dict[str, str] = {
     "engine_overhead": "scheduler + KV cache manager + input building time per request per step, no model",
     "prefix_caching": "time to first token of requests sharing a long prefix, prefix caching on vs off",
     "streaming": "TTFT and inter-token latency percentiles under Poisson arrivals, AsyncLLM vs in-process",
+    "async_overhead": "TTFT and per-token latency of AsyncLLM over the process boundary vs the in-process engine",
+    "startup": "time from AsyncLLM(...) to the first streamed token of a fresh engine (default model)",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
 }
 

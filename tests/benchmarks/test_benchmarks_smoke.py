@@ -96,3 +96,16 @@ def test_run_all_writes_a_report(tmp_path, monkeypatch, capsys):
     text = report.read_text()
     assert "## engine_overhead" in text and "### Summary" in text and "FAILED" not in text
     assert run_all.plan(True, ["throughput"], "micro", []) == [("throughput", ["--model", "micro"])]
+
+
+def test_async_overhead(micro_model, capsys):
+    get_main("async_overhead")(["--model", micro_model, "--num-requests", "2", "--sequential", "1",
+                                "--prompt-len", "4", "--output-len", "3"])
+    out = capsys.readouterr().out
+    assert "in-process" in out and "AsyncLLM" in out
+
+
+def test_startup(micro_model, capsys):
+    get_main("startup")(["--model", micro_model, "--runs", "1"])
+    out = capsys.readouterr().out
+    assert "first token (s)" in out and "median time to first streamed token" in out

@@ -10,6 +10,7 @@ import gc
 import os
 import random
 import signal
+import subprocess
 import sys
 import time
 
@@ -344,3 +345,21 @@ async def test_sigkill_mid_stream(llm):
     assert child_pids() == set()
     assert not os.path.exists(ipc_dir)
     assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+
+
+def test_application_process_never_imports_torch(tiny_model_dir):
+    """DESIGN: the application's process runs no model code; torch (seconds, hundreds of MB) stays out."""
+    code = (
+        "import sys, anyio, vx\n"
+        "async def main():\n"
+        f"    async with vx.AsyncLLM({tiny_model_dir!r}, device='auto') as llm:\n"
+        "        out = await llm.complete([5, 6, 7], vx.SamplingParams(max_tokens=3, temperature=0))\n"
+        "        assert len(out.outputs[0].token_ids) == 3\n"
+        "    bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('vx.gpu', 'vx.models')))\n"
+        "    assert not bad, bad[:10]\n"
+        "if __name__ == '__main__':\n"
+        "    anyio.run(main)\n"
+    )
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]

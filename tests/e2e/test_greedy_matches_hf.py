@@ -71,3 +71,22 @@ def test_greedy_equals_hf(tiny_model_dirs, hf_reference, family, config_name):
         assert stats.prefix_cache_hit_tokens > 0, "prompts sharing a 45-token prefix should hit the cache"
     if config_name == "no_prefix_cache":
         assert stats.prefix_cache_hit_tokens == 0
+
+
+def test_seeded_sampling_survives_preemption(tiny_model_dir):
+    """A seeded request samples the same tokens whether or not memory pressure preempted it."""
+    params = [vx.SamplingParams(temperature=1.0, top_p=0.95, seed=100 + i, max_tokens=MAX_NEW)
+              for i in range(len(_prompts()))]
+
+    def run(**engine_args):
+        llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", block_size=8, max_model_len=96,
+                     **engine_args)
+        outs = llm.generate(_prompts(), params, use_tqdm=False)
+        stats = llm.stats()
+        llm.shutdown()
+        return [o.outputs[0].token_ids for o in outs], stats
+
+    roomy, roomy_stats = run()
+    tight, tight_stats = run(num_kv_blocks=14)
+    assert roomy_stats.num_preemptions == 0 and tight_stats.num_preemptions > 0
+    assert tight == roomy

@@ -9,6 +9,7 @@ Leaving an `async for` early, in any way, aborts the request in the engine.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import uuid
@@ -20,7 +21,7 @@ import anyio.abc
 
 from vx.client.core_client import AsyncMPClient
 from vx.client.request_stream import RequestStream
-from vx.config import EngineArgs
+from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import EngineCoreOutputs
 from vx.errors import EngineDeadError, EngineGenerateError
 from vx.outputs import EngineStats, RequestOutput
@@ -42,7 +43,8 @@ class AsyncLLM:
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.engine_args = EngineArgs.from_kwargs(model, **engine_args)
-        self.config = self.engine_args.create_config()
+        self.engine_args.validate()
+        self.config: VxConfig | None = None  # resolved when the engine starts (in `async with`)
         self.tokenizer: Any = None
         self._client: AsyncMPClient | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -93,10 +95,28 @@ class AsyncLLM:
         from vx.client.processor import Processor
         from vx.client.tokenizer import load_tokenizer
 
-        self.tokenizer = load_tokenizer(self.config.model_config.tokenizer)
-        self.processor = Processor(self.config.model_config, self.tokenizer)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self._client = AsyncMPClient(self.engine_args)
+        from vx.model_source import resolve_model
+
+        # Convert a GGUF model first (once), so that the engine finds it ready; then let the engine boot
+        # (importing torch, loading weights) while this process loads the config and tokenizer.
+        model_path = resolve_model(self.engine_args.model)
+        args = dataclasses.replace(self.engine_args, model=model_path)
+        client = AsyncMPClient(args, wait=False)
+        try:
+            config = args.create_config(light=True)  # no transformers config here: it would import torch
+            self.tokenizer = load_tokenizer(config.model_config.tokenizer)
+            ready = client.engine.wait_ready()
+            # The engine read the full config: its limits are the ones that hold.
+            config.model_config.max_model_len = ready.max_model_len or config.model_config.max_model_len
+            config.model_config.vocab_size = ready.vocab_size or config.model_config.vocab_size
+            config.scheduler_config.max_model_len = config.model_config.max_model_len
+            self.config = config
+            self.processor = Processor(config.model_config, self.tokenizer)
+            self.output_processor = OutputProcessor(self.tokenizer)
+        except BaseException:
+            client.shutdown()
+            raise
+        self._client = client
 
     async def shutdown(self) -> None:
         """Stop the engine (gracefully, then by force), fail whatever still streams, release every resource."""

@@ -171,8 +171,8 @@ class AsyncMPClient(EngineCoreClient):
     and never block; `abort_requests` works from any thread, finalizers included.
     """
 
-    def __init__(self, config: VxConfig | EngineArgs) -> None:
-        self.engine = EngineProcess(_engine_args(config))
+    def __init__(self, config: VxConfig | EngineArgs, wait: bool = True) -> None:
+        self.engine = EngineProcess(_engine_args(config), wait=wait)  # wait=False: call engine.wait_ready()
         self._call_ids = itertools.count()
         self._utility_waiters: dict[int, list[Any]] = {}  # call_id -> [event, UtilityOutput | None]
         self._reader_scope: anyio.CancelScope | None = None

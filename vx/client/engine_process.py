@@ -54,12 +54,14 @@ def engine_args_from_config(config: VxConfig) -> EngineArgs:
 class EngineProcess:
     """One spawned engine process and the client's end of its sockets.
 
-    The constructor blocks until the engine's ready handshake (run it in a worker thread from async code).
+    The constructor blocks until the engine's ready handshake (run it in a worker thread from async code),
+    unless `wait=False`: then the caller does other start-up work while the engine boots, and calls
+    `wait_ready()`.
     `send` is non-blocking and safe from any thread, even re-entrantly from a finalizer; the output socket
     belongs to one reader. Death is recorded once (`mark_dead`); `close()` stops everything and is idempotent.
     """
 
-    def __init__(self, engine_args: EngineArgs, startup_timeout: float = 600.0) -> None:
+    def __init__(self, engine_args: EngineArgs, startup_timeout: float = 600.0, wait: bool = True) -> None:
         self.ipc_dir = tempfile.mkdtemp(prefix="vx-")
         os.chmod(self.ipc_dir, 0o700)  # only this user may connect to the engine
         self.ctx = zmq.Context()
@@ -93,11 +95,20 @@ class EngineProcess:
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, _cleanup, self.proc, self.ctx,
                                            (self.input_socket, self.output_socket), self.ipc_dir)
-        try:
-            self.ready = self._wait_ready(startup_timeout)
-        except BaseException:
-            self._finalizer()
-            raise
+        self.startup_timeout = startup_timeout
+        self.ready: EngineCoreReady | None = None
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> EngineCoreReady:
+        """Block until the engine's ready handshake (once); on failure everything is released and it raises."""
+        if self.ready is None:
+            try:
+                self.ready = self._wait_ready(self.startup_timeout)
+            except BaseException:
+                self._finalizer()
+                raise
+        return self.ready
 
     @property
     def sentinel(self) -> int:

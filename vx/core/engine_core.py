@@ -256,6 +256,7 @@ def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: 
     The config is built here from the plain `EngineArgs`, so that no model objects cross the process boundary.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the application, which shuts us down
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see EngineArgs.create_config
     _watch_parent(ipc_dir)
     ctx = zmq.Context()
     out_sock = ctx.socket(zmq.PUSH)
@@ -274,7 +275,9 @@ def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: 
         out_sock.close(linger=_OUTPUT_LINGER_MS)
         ctx.term()
         sys.exit(1)
-    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks)))
+    mc = core.config.model_config
+    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
+                                                max_model_len=mc.max_model_len, vocab_size=mc.vocab_size)))
     code = EngineCoreProc(core, in_sock, out_sock).run()
     # Returns once the input thread has closed its socket (it sees ETERM) and the output has flushed.
     ctx.term()

@@ -47,17 +47,28 @@ class InputBatch:
         self.device = device
         self.seed = seed
         self.states: dict[str, CachedRequestState] = {}
+        # Generators of preempted requests: a resumed request draws on from where it stopped, so that a
+        # seeded request's text does not depend on whether memory pressure preempted it.
+        self.parked_generators: dict[str, torch.Generator | None] = {}
 
     def update_states(self, so: SchedulerOutput) -> None:
         """Drop ended requests, (re)register new ones, extend block tables of running ones."""
         for rid in so.finished_req_ids:
             self.states.pop(rid, None)
+            self.parked_generators.pop(rid, None)
         for rid in so.preempted_req_ids:
-            self.states.pop(rid, None)
+            state = self.states.pop(rid, None)
+            if state is not None:
+                self.parked_generators[rid] = state.generator
         for sr in so.scheduled:
             if sr.is_new:
                 old = self.states.get(sr.req_id)
-                gen = old.generator if old is not None else self._make_generator(sr.sampling_params)
+                if old is not None:
+                    gen = old.generator
+                elif sr.req_id in self.parked_generators:
+                    gen = self.parked_generators.pop(sr.req_id)
+                else:
+                    gen = self._make_generator(sr.sampling_params)
                 self.states[sr.req_id] = CachedRequestState(
                     sr.req_id, list(sr.new_block_ids), sr.sampling_params, gen, sr.output_token_ids)
             elif sr.new_block_ids:

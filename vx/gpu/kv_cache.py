@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -62,9 +63,23 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
     caches: list[torch.Tensor] = []
     for layer in layers:
         shape = backend.get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-        cache = torch.zeros(shape, dtype=_as_dtype(dtype), device=device)
+        cache = _zeroed(shape, _as_dtype(dtype), torch.device(device))
         layer.kv_cache = cache
         layer.impl = impl_cls(layer.num_heads, layer.head_dim, layer.scale, layer.num_kv_heads,
                               sliding_window=layer.sliding_window)
         caches.append(cache)
     return caches
+
+
+def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor; on Linux CPUs without writing it: gigabytes of memset take seconds at start-up.
+
+    Allocations this large are fresh anonymous mmaps there, which the kernel fills with zeros lazily, page by
+    page, as blocks are first written; so the cache costs no time and no memory until it is used.
+    """
+    numel = 1
+    for d in shape:
+        numel *= d
+    if device.type == "cpu" and sys.platform == "linux" and numel * dtype.itemsize >= 64 * 1024**2:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.zeros(shape, dtype=dtype, device=device)

@@ -1,0 +1,79 @@
+"""Start-up: time from `vx.AsyncLLM(...)` to its first streamed token, on a fresh engine each run.
+
+    python -m benchmarks.startup                 # the default model (SmolLM2-135M-Instruct), 3 runs
+    python -m benchmarks.startup --runs 5 --model path/to/model
+
+The first start of a GGUF model converts it to safetensors once (in ~/.cache/vx or $VX_CACHE_DIR); that run
+is made first and reported apart, so the table shows the starts that load from the cache, as a user sees them
+from the second start on. Each run spawns a new engine process and prints: ready (engine booted, tokenizer
+loaded), first token (ready + prefill + one decode step), shutdown. Goal for the default model on CPU: first
+token under 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import Table, resolve_bench_model  # noqa: E402 - after the path set-up above
+
+PROMPT = "What is the capital of France?"
+
+
+async def _one_start(model: str | None, engine_args: dict) -> tuple[float, float, float]:
+    import vx
+
+    t0 = time.perf_counter()
+    llm = vx.AsyncLLM(model, **engine_args)
+    async with llm:
+        t_ready = time.perf_counter() - t0
+        params = vx.SamplingParams(temperature=0.0, max_tokens=8)
+        t_first = 0.0
+        async for _ in llm.stream(PROMPT, params):
+            t_first = time.perf_counter() - t0
+            break
+        t_close = time.perf_counter()
+    return t_ready, t_first, time.perf_counter() - t_close
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="vx bench startup", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None,
+                    help="a benchmark model name, a model directory or a .gguf file (default: vx's default model)")
+    ap.add_argument("--runs", type=int, default=3, help="fresh starts to time (after the cache-filling one)")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=None, help="accepted for run_all; unused here")
+    args = ap.parse_args(argv)
+    import anyio
+
+    from vx.model_source import resolve_model
+
+    engine_args = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v is not None}
+    t0 = time.perf_counter()
+    # The one-time GGUF conversion (or random-model build), if it has not happened yet.
+    model = resolve_model(args.model) if args.model and args.model.endswith(".gguf") \
+        else resolve_bench_model(args.model)
+    print(f"model ready in the cache after {time.perf_counter() - t0:.1f} s (conversion happens once)")
+
+    table = Table("Fresh AsyncLLM start-up (cache filled)", ["run", "ready (s)", "first token (s)", "shutdown (s)"])
+    firsts = []
+    for i in range(args.runs):
+        ready, first, close = anyio.run(_one_start, model, engine_args)
+        firsts.append(first)
+        table.add(i + 1, f"{ready:.2f}", f"{first:.2f}", f"{close:.2f}")
+    print(table.render())
+    med = statistics.median(firsts)
+    print(f"median time to first streamed token of a fresh AsyncLLM: {med:.2f} s (goal < 5 s: "
+          f"{'met' if med < 5 else 'not met'})")
+
+
+if __name__ == "__main__":
+    main()
