@@ -26,7 +26,7 @@ test: setup
 	$(PY) -m pytest -q -ra
 
 bench: setup
-	$(PY) benchmarks/throughput.py
+	$(VENV)/bin/vx bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -133,15 +133,18 @@ def _bench(ns: argparse.Namespace, rest: list[str]) -> None:
         raise SystemExit("vx bench runs the benchmarks of a source checkout; benchmarks/ was not found "
                          f"next to {root}.")
     sys.path.insert(0, root)
-    import importlib
+
+    from benchmarks import BENCHMARKS, get_main
 
     name = ns.name or "run_all"
-    try:
-        module = importlib.import_module(f"benchmarks.{name}")
-    except ModuleNotFoundError:
-        names = sorted(f[:-3] for f in os.listdir(bench_dir) if f.endswith(".py") and not f.startswith("_"))
-        raise SystemExit(f"No benchmark {name!r}; available: {', '.join(names)}") from None
-    module.main(rest)
+    if name in ("help", "-h", "--help"):
+        print("vx bench [NAME] [ARGS...]: NAME is one of\n" +
+              "\n".join(f"  {n:16s} {what}" for n, what in BENCHMARKS.items()) +
+              "\n`vx bench NAME --help` shows a benchmark's own options.")
+        return
+    if name not in BENCHMARKS:
+        raise SystemExit(f"No benchmark {name!r}; available: {', '.join(BENCHMARKS)}")
+    get_main(name)(rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,8 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="a system message")
     add_sampling_args(p, max_tokens=512)
     add_engine_args(p)
-    p = sub.add_parser("bench", help="run the benchmarks (vx beside its competitors)")
-    p.add_argument("name", nargs="?", default=None, help="one benchmark (default: all, quick sizes)")
+    # No -h of its own: `vx bench NAME --help` reaches the benchmark's parser (`vx bench help` lists them).
+    p = sub.add_parser("bench", help="run the benchmarks (vx beside its competitors)", add_help=False)
+    p.add_argument("name", nargs="?", default=None,
+                   help="one benchmark (default: all, quick sizes); 'help' lists them")
     return parser
 
 

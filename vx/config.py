@@ -300,10 +300,27 @@ def _resolve_dtype(dtype: str, device: str, hf_config: Any) -> str:
     if dtype != "auto":
         return dtype
     if device == "cpu":
-        return "float32"
+        return "bfloat16" if cpu_has_native_bf16() else "float32"
     cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     name = str(cfg).replace("torch.", "") if cfg is not None else "bfloat16"
     return name if name in ("bfloat16", "float16") else "bfloat16"
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX512-BF16), read from /proc/cpuinfo.
+
+    Measured (`vx bench roofline --dtypes float32,bfloat16`): with AMX, bf16 GEMMs run ~3-4x faster than
+    float32; without these units torch emulates bf16 and float32 is faster, so it stays the CPU default.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return "amx_bf16" in flags or "avx512_bf16" in flags
+    except OSError:
+        pass
+    return False
 
 
 def _derive_max_model_len(hf_config: Any) -> int | None:

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vx.gpu.sampler import Sampler, apply_min_p, apply_top_k_top_p, exponential_race
+from vx.gpu.sampler import Sampler, apply_min_p, apply_top_k_top_p, exponential_race, inverse_cdf_sample
 from vx.gpu.sampling_metadata import SamplingMetadata, make_generator
 from vx.sampling_params import SamplingParams
 
@@ -234,10 +234,19 @@ def test_top_k_frequencies_are_renormalised():
     assert tv_distance(out, expected / expected.sum()) < 0.02
 
 
-def test_exponential_race_with_unnormalised_weights():
-    w = torch.tensor([1.0, 3.0, 0.0, 6.0])
-    out = exponential_race(w.expand(20_000, -1).clone(), {})
+@pytest.mark.parametrize("draw", [exponential_race, inverse_cdf_sample])
+def test_draws_follow_unnormalised_weights_and_never_pick_zero_mass(draw):
+    w = torch.tensor([0.0, 1.0, 3.0, 0.0, 6.0, 0.0])
+    out = draw(w.expand(20_000, -1).clone(), {})
     assert tv_distance(out, w / w.sum()) < 0.02
+    assert not torch.isin(out, torch.tensor([0, 3, 5])).any()
+
+
+def test_inverse_cdf_seeded_row_ignores_its_batch():
+    w = torch.rand(4, 50)
+    alone = inverse_cdf_sample(w[2:3].clone(), {0: torch.Generator().manual_seed(7)})
+    batched = inverse_cdf_sample(w.clone(), {2: torch.Generator().manual_seed(7)})
+    assert batched[2] == alone[0]
 
 
 # ------------------------------------------------------------------ extremes

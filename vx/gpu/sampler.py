@@ -57,6 +57,8 @@ class Sampler(nn.Module):
         probs = logits.softmax(dim=-1)
         if md.min_p is not None:
             probs = apply_min_p(probs, md.min_p)
+        if probs.device.type == "cpu":
+            return inverse_cdf_sample(probs, md.generators)
         return exponential_race(probs, md.generators)
 
 
@@ -109,3 +111,20 @@ def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]
         q[row].exponential_(generator=gen)
     q.clamp_min_(_Q_MIN)
     return probs.div_(q).argmax(dim=-1)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One token per row drawn in proportion to `probs` (non-negative, not necessarily normalised), by CDF.
+
+    The CPU choice: one uniform number per row and a cumulative sum cost far less than an exponential draw per
+    vocabulary entry (measured: 36 ms -> ~3 ms per step at 32 x 49152). Unseeded rows share one draw from the
+    default generator; a seeded row draws its number from its own generator, so its sample depends only on its
+    probs and its generator state. `probs` is overwritten.
+    """
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+    for row, gen in generators.items():
+        u[row] = torch.rand(1, generator=gen, dtype=torch.float64, device=probs.device)
+    cum = probs.cumsum_(dim=-1)
+    # right=True: the first token whose cumulative mass exceeds the target, so zero-mass tokens are never hit.
+    target = (u * cum[:, -1:].double()).to(cum.dtype)
+    return torch.searchsorted(cum, target, right=True).clamp_(max=probs.shape[-1] - 1).squeeze(1)

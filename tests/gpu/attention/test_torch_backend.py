@@ -89,13 +89,17 @@ def test_metadata_split_and_contiguous_decode_rows():
     common = make_common_metadata([4, 0, 7, 2], [1, 5, 1, 1], [[3, 4], [0, 5], [1, 2], [6]], BLOCK_SIZE)
     md = TorchAttentionBackend.build_metadata(common)
     assert md.num_decodes == 3 and len(md.prefills) == 1 and md.prefills[0].ctx_slots is None
-    assert torch.equal(md.decode_rows, torch.tensor([0, 6, 7]))
-    assert md.decode_slots.tolist()[0][:5] == [12, 13, 14, 15, 16]
-    assert md.decode_slots.tolist()[2] == [24, 25, 26, 27, 0, 1, 2, 3]  # past its blocks: padded table, masked
-    assert md.decode_mask(None)[2, 0, 0].tolist() == [True] * 3 + [False] * 5
+    # Longest first; a request under half its group's longest context starts a new group.
+    long_group, short_group = md.decode_groups
+    assert torch.equal(long_group.rows, torch.tensor([6, 0]))
+    assert long_group.blocks.tolist() == [[1, 2], [3, 4]] and long_group.seq_lens.flatten().tolist() == [8, 5]
+    assert md.decode_mask(0, None)[1, 0, 0].tolist() == [True] * 5 + [False] * 3
+    assert short_group.rows == slice(7, 8) and short_group.blocks.tolist() == [[6]]
+    assert md.decode_mask(1, None)[0, 0, 0].tolist() == [True] * 3 + [False]
+    assert md.decode_mask(1, 2)[0, 0, 0].tolist() == [False, True, True, False]  # sliding window of 2
     common = make_common_metadata([0, 3, 3], [6, 1, 1], [[0, 1], [2], [3]], BLOCK_SIZE)
     md = TorchAttentionBackend.build_metadata(common)
-    assert md.decode_rows == slice(6, 8) and md.write_rows is None
+    assert [g.rows for g in md.decode_groups] == [slice(6, 8)] and md.write_rows is None
 
 
 def test_selector():

@@ -2,8 +2,9 @@
 
 KV layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim]. Each step the layer writes its new
 k/v at `slot_mapping`, then:
-  * all decode requests (one query token) attend together: their contexts are gathered through the block
-    table into one padded [D, L] batch and masked, one SDPA call for the lot;
+  * decode requests (one query token) attend in groups of similar context length (so padding stays small):
+    each group's contexts are gathered whole blocks at a time through the block table (`index_select` of
+    contiguous block_size-row slices) into one padded [G, L] batch and masked, one SDPA call per group;
   * every other request (prefill, or a chunk continuing a cached prefix) runs its own SDPA call. A
     prefill with no cached prefix attends to its own fresh k/v with is_causal, skipping the cache gather.
 Index tensors and masks are computed once per step in `build_metadata` and shared by every layer.
@@ -35,6 +36,20 @@ class PrefillSpec:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode requests of similar context length, attended together in one padded SDPA call."""
+
+    rows: slice | torch.Tensor   # their rows in the flattened batch
+    blocks: torch.Tensor         # int64 [G, nb]: the blocks holding each context (padded)
+    seq_lens: torch.Tensor       # int64 [G, 1]
+    positions: torch.Tensor      # int64 [1, L]: L = nb * block_size
+
+    @property
+    def size(self) -> int:
+        return self.blocks.shape[0]
+
+
+@dataclass
 class TorchAttentionMetadata:
     """Per-step index tensors for the torch backend (built once, read by every layer)."""
 
@@ -42,21 +57,18 @@ class TorchAttentionMetadata:
     slot_mapping: torch.Tensor               # int64 [num written tokens]
     write_rows: torch.Tensor | None          # rows of k/v to write, or None = rows [0, num_actual_tokens)
     num_decodes: int
-    decode_rows: slice | torch.Tensor        # rows of the decode tokens in the batch
-    decode_slots: torch.Tensor | None        # int64 [D, L]: cache slot of each context position (padded)
-    decode_seq_lens: torch.Tensor | None     # int64 [D, 1]
-    decode_positions: torch.Tensor | None    # int64 [1, L]
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpec]
     _masks: dict[Any, torch.Tensor | None] = field(default_factory=dict, repr=False)
 
-    def decode_mask(self, window: int | None) -> torch.Tensor:
-        """bool [D, 1, 1, L]: True where a decode token may attend (its context, within the window)."""
-        key = ("decode", window)
+    def decode_mask(self, g: int, window: int | None) -> torch.Tensor:
+        """bool [G, 1, 1, L] for decode group g: True where a token may attend (its context, in the window)."""
+        key = ("decode", g, window)
         if key not in self._masks:
-            assert self.decode_positions is not None and self.decode_seq_lens is not None
-            mask = self.decode_positions < self.decode_seq_lens
+            grp = self.decode_groups[g]
+            mask = grp.positions < grp.seq_lens
             if window is not None:
-                mask &= self.decode_positions >= self.decode_seq_lens - window
+                mask &= grp.positions >= grp.seq_lens - window
             self._masks[key] = mask[:, None, None, :]
         return self._masks[key]  # type: ignore[return-value]
 
@@ -125,25 +137,47 @@ class TorchAttentionBackend(AttentionBackend):
             if seq_len > q_len:  # continues a cached prefix: read the whole context from the cache
                 ctx_slots = _slots(common.block_table[r], torch.arange(seq_len, device=device), bs)
             prefills.append(PrefillSpec(start, end, seq_len, ctx_slots))
-        num_decodes = len(decode_reqs)
-        decode_rows: slice | torch.Tensor = slice(0, 0)
-        decode_slots = decode_seq_lens = decode_positions = None
-        if num_decodes:
-            rows = [qsl[r] for r in decode_reqs]
-            if rows == list(range(rows[0], rows[0] + num_decodes)):
-                decode_rows = slice(rows[0], rows[0] + num_decodes)  # a view instead of a gather
-            else:
-                decode_rows = torch.tensor(rows, dtype=torch.long, device=device)
-            max_len = max(seq_lens[r] for r in decode_reqs)
-            req_idx = torch.tensor(decode_reqs, dtype=torch.long, device=device)
-            decode_positions = torch.arange(max_len, device=device)[None, :]
-            decode_slots = _slots(common.block_table[req_idx], decode_positions[0], bs)
-            decode_seq_lens = torch.tensor([seq_lens[r] for r in decode_reqs], dtype=torch.long,
-                                           device=device)[:, None]
+        groups = [_decode_group(common, g, qsl, seq_lens) for g in _group_by_length(decode_reqs, seq_lens)]
         return TorchAttentionMetadata(
-            num_actual_tokens=n, slot_mapping=slot_mapping, write_rows=write_rows, num_decodes=num_decodes,
-            decode_rows=decode_rows, decode_slots=decode_slots, decode_seq_lens=decode_seq_lens,
-            decode_positions=decode_positions, prefills=prefills)
+            num_actual_tokens=n, slot_mapping=slot_mapping, write_rows=write_rows, num_decodes=len(decode_reqs),
+            decode_groups=groups, prefills=prefills)
+
+
+# A decode group holds requests whose context is at least this fraction of its longest one: padding then
+# costs under 2x in the worst case, and the groups stay few (one SDPA call each per layer).
+_GROUP_MIN_FRACTION = 0.5
+
+
+def _group_by_length(reqs: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """Split decode requests into groups of similar context length (longest first)."""
+    groups: list[list[int]] = []
+    limit = 0.0
+    for r in sorted(reqs, key=lambda r: -seq_lens[r]):
+        if not groups or seq_lens[r] < limit:
+            groups.append([])
+            limit = seq_lens[r] * _GROUP_MIN_FRACTION
+        groups[-1].append(r)
+    return groups
+
+
+def _decode_group(common: CommonAttentionMetadata, reqs: list[int], qsl: list[int],
+                  seq_lens: list[int]) -> DecodeGroup:
+    device = common.block_table.device
+    bs = common.block_size
+    rows_list = [qsl[r] for r in reqs]
+    rows: slice | torch.Tensor
+    if rows_list == list(range(rows_list[0], rows_list[0] + len(reqs))):
+        rows = slice(rows_list[0], rows_list[0] + len(reqs))  # a view instead of a gather
+    else:
+        rows = torch.tensor(rows_list, dtype=torch.long, device=device)
+    max_len = max(seq_lens[r] for r in reqs)
+    nb = min(-(-max_len // bs), common.block_table.shape[-1])
+    req_idx = torch.tensor(reqs, dtype=torch.long, device=device)
+    return DecodeGroup(
+        rows=rows,
+        blocks=common.block_table[req_idx, :nb].long(),
+        seq_lens=torch.tensor([seq_lens[r] for r in reqs], dtype=torch.long, device=device)[:, None],
+        positions=torch.arange(nb * bs, device=device)[None, :])
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -171,14 +205,14 @@ class TorchAttentionImpl(AttentionImpl):
         if num_tokens > n:
             out[n:].zero_()  # padding rows: defined output, never attended
         if md.num_decodes:
-            self._decode(q, key_cache, value_cache, md, out)
+            self._decode(q, kv_cache, md, out)
         gqa = h != hk
         for i, p in enumerate(md.prefills):
             qp = q[p.start:p.end].reshape(p.q_len, h, d).transpose(0, 1).unsqueeze(0)
             if p.ctx_slots is None:
                 kp, vp = k[p.start:p.end], v[p.start:p.end]
             else:
-                kp, vp = key_cache[p.ctx_slots], value_cache[p.ctx_slots]
+                kp, vp = key_cache.index_select(0, p.ctx_slots), value_cache.index_select(0, p.ctx_slots)
             kp = kp.transpose(0, 1).unsqueeze(0)
             vp = vp.transpose(0, 1).unsqueeze(0)
             mask = md.prefill_mask(i, self.sliding_window, q.device)
@@ -187,16 +221,18 @@ class TorchAttentionImpl(AttentionImpl):
             out[p.start:p.end] = o[0].transpose(0, 1).reshape(p.q_len, h * d)
         return out
 
-    def _decode(self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                md: TorchAttentionMetadata, out: torch.Tensor) -> None:
-        """All single-token queries at once; GQA by viewing q as [D, kv_heads, group, head_dim]."""
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: TorchAttentionMetadata,
+                out: torch.Tensor) -> None:
+        """Single-token queries, one SDPA call per length group; GQA by viewing q as [G, kv_heads, group, d]."""
         hk, d = self.num_kv_heads, self.head_dim
-        nd = md.num_decodes
-        assert md.decode_slots is not None
-        # The group of query heads sharing a kv head acts as the query "length" of that kv head.
-        qd = q[md.decode_rows].reshape(nd, hk, self.num_heads // hk, d)
-        kd = key_cache[md.decode_slots].transpose(1, 2)  # [D, hk, L, d]
-        vd = value_cache[md.decode_slots].transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md.decode_mask(self.sliding_window),
-                                           scale=self.scale)
-        out[md.decode_rows] = o.reshape(nd, self.num_heads * d)
+        for g, grp in enumerate(md.decode_groups):
+            n, length = grp.size, grp.positions.shape[-1]
+            # The query heads sharing a kv head act as the query "length" of that kv head.
+            qd = q[grp.rows].reshape(n, hk, self.num_heads // hk, d)
+            # Whole blocks, keys and values in one copy: index_select copies contiguous slices (measured 4-5x
+            # faster on CPU than advanced indexing, which goes element by element).
+            kv = kv_cache.index_select(1, grp.blocks.flatten()).view(2, n, length, hk, d)
+            kd, vd = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [G, hk, L, d]
+            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md.decode_mask(g, self.sliding_window),
+                                               scale=self.scale)
+            out[grp.rows] = o.reshape(n, self.num_heads * d)
