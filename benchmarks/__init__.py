@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "async_overhead": "TTFT and per-token latency of AsyncLLM over the process boundary vs the in-process engine",
     "startup": "time from AsyncLLM(...) to the first streamed token of a fresh engine (default model)",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
+    "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
 }
 
 

@@ -7,6 +7,9 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Before anything imports torch (the tiny models below do): OpenMP threads that spin while they wait stall as soon
+# as another process wants a core, which on a shared 2-core machine made in-process generation ~10x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import msgspec
@@ -47,9 +48,16 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     priority: int = 0
 
     def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """Normalize (`stop="x"` -> `["x"]`, `top_k=-1` -> 0) and check every field; `ValueError` if one is bad.
+
+        Runs at construction (and `clone`); call it again after changing fields in place.
+        """
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        if self.top_k == -1:
+        if self.top_k == -1 and type(self.top_k) is int:
             self.top_k = 0
         self._verify()
 
@@ -74,15 +82,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})."
             )
         if self.stop is not None:
-            if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-                raise ValueError("stop must be a string or a list of strings.")
+            _check_str_list("stop", self.stop, "a string or a list of strings")
             if any(s == "" for s in self.stop):
                 raise ValueError("stop strings must not be empty.")
-            for s in self.stop:
-                try:
-                    s.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise ValueError(f"stop string {s!r} is not valid UTF-8: {e}") from None
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list):
                 raise ValueError("stop_token_ids must be a list of ints.")
@@ -93,9 +95,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
+            if isinstance(self.output_kind, bool) or not isinstance(self.output_kind, int):
+                raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)
-            except (ValueError, TypeError):
+            except ValueError:
                 raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.") from None
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, lo=0)
@@ -112,9 +116,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             for k, v in self.logit_bias.items():
                 _check_int("logit_bias key", k, lo=0)
                 _check_num("logit_bias value", v, lo=-100.0, hi=100.0)
-        if self.bad_words is not None and not all(isinstance(w, str) for w in self.bad_words):
-            raise ValueError("bad_words must be a list of strings.")
-        _check_int("priority", self.priority, lo=-(2**31), hi=2**31)
+        if self.bad_words is not None:
+            _check_str_list("bad_words", self.bad_words, "a list of strings")
+        _check_int("priority", self.priority, lo=-(2**31), hi=2**31 - 1)
 
     @property
     def greedy(self) -> bool:
@@ -138,9 +142,20 @@ def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = No
 def _check_num(name: str, value: Any, lo: float | None = None, hi: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r}.")
-    if value != value:  # NaN
-        raise ValueError(f"{name} must not be NaN.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}.")
     if lo is not None and value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}.")
     if hi is not None and value > hi:
         raise ValueError(f"{name} must be <= {hi}, got {value}.")
+
+
+def _check_str_list(name: str, value: Any, what: str) -> None:
+    """`value` must be a list of str, each encodable as UTF-8 (a lone surrogate such as "\\ud800" is not)."""
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise ValueError(f"{name} must be {what}, got {value!r}.")
+    for s in value:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{name} entry {s!r} is not valid UTF-8: {e}") from None

@@ -175,6 +175,62 @@ async def test_bad_requests_fail_alone_and_leave_no_state(llm):
     await assert_idle(llm)
 
 
+def _changed_in_place(**changes) -> vx.SamplingParams:
+    params = greedy(4)
+    for name, value in changes.items():
+        setattr(params, name, value)  # skips the constructor's checks: submission must catch it
+    return params
+
+
+# (prompt, params, request_id, what the ValueError says)
+BAD_SUBMISSIONS = [
+    ("", None, None, "empty"),
+    ([], None, None, "empty"),
+    (list(range(1, 300)), None, None, "max_model_len"),
+    ("word " * 400, None, None, "max_model_len"),
+    ([5, -1], None, None, "vocabulary"),
+    ([5, 10**6], None, None, "vocabulary"),
+    ([5, 1.5], None, None, "must be an int"),
+    ([5, True], None, None, "must be an int"),
+    (5, None, None, "must be a str or a list"),
+    (b"bytes", None, None, "must be a str or a list"),
+    ("ok", {"max_tokens": 4}, None, "SamplingParams"),
+    ("ok", "greedy", None, "SamplingParams"),
+    ("ok", greedy(4, n=2), None, "n=2"),
+    ("ok", greedy(4, stop_token_ids=[10**6]), None, "vocabulary"),
+    ("ok", greedy(4, logit_bias={10**6: 1.0}), None, "vocabulary"),
+    ("ok", _changed_in_place(max_tokens=0), None, "max_tokens"),
+    ("ok", _changed_in_place(temperature=float("nan")), None, "temperature"),
+    ("ok", _changed_in_place(stop=["\ud800"]), None, "UTF-8"),
+    ("ok", _changed_in_place(bad_words="abc"), None, "bad_words"),
+    ("ok", _changed_in_place(ignore_eos=1), None, "ignore_eos"),
+    ("ok", None, "", "request_id"),
+    ("ok", None, 3, "request_id"),
+    ("ok", None, "bystander", "unique"),  # the id of the request that is running
+]
+
+
+async def test_bad_input_fails_alone_at_submission_while_another_request_streams(llm):
+    prompt, params = "an innocent bystander", greedy(60, ignore_eos=True)
+    expected = (await llm.complete(prompt, params)).outputs[0].text
+    bystander = llm.stream(prompt, params, request_id="bystander")
+    received = [await bystander.__anext__()]
+    for bad_prompt, bad_params, rid, message in BAD_SUBMISSIONS:
+        with pytest.raises(ValueError, match=message):
+            await llm.complete(bad_prompt, bad_params, rid)
+        with pytest.raises(ValueError, match=message):
+            async for _ in llm.generate(bad_prompt, bad_params, rid):
+                pass
+        with pytest.raises(ValueError, match=message):
+            async for _ in llm.stream(bad_prompt, bad_params, rid):
+                pass
+        assert llm.num_unfinished_requests == 1 and list(llm._streams) == ["bystander"]
+    received += [t async for t in bystander]
+    assert "".join(received) == expected  # undisturbed
+    assert (await llm.complete(prompt, params, request_id="bystander")).outputs[0].text == expected  # reusable
+    await assert_idle(llm)
+
+
 async def test_malformed_message_is_reported_and_engine_keeps_serving(llm):
     engine = llm._client.engine
     with engine._send_lock:

@@ -15,7 +15,9 @@ import textwrap
 import time
 
 import msgspec
+import psutil
 import pytest
+import zmq
 from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds, process_gone, wait_until
 
 import vx
@@ -70,6 +72,14 @@ def test_handshake_and_private_ipc_dir(engine):
     assert engine.ready.pid == engine.proc.pid and engine.ready.num_kv_blocks == ENGINE_KWARGS["num_kv_blocks"]
     assert stat.S_IMODE(os.stat(engine.ipc_dir).st_mode) == 0o700
     assert sorted(os.listdir(engine.ipc_dir)) == ["input", "output"]
+    for sock, name in ((engine.input_socket, "input"), (engine.output_socket, "output")):
+        endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        assert endpoint == f"ipc://{os.path.join(engine.ipc_dir, name)}"
+        assert stat.S_ISSOCK(os.stat(os.path.join(engine.ipc_dir, name)).st_mode)
+    # No TCP (or UDP) endpoint anywhere: not in the engine, not in the client's sockets.
+    assert psutil.Process(engine.proc.pid).net_connections(kind="inet") == []
+    assert not [c for c in psutil.Process().net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN]
 
 
 def test_malformed_messages_get_error_outputs_and_engine_keeps_serving(engine):
@@ -110,6 +120,28 @@ def test_refused_request_fails_alone_and_abort_frees_blocks(engine):
     assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_in_use"]) == (0, 0, 0)
     while engine.output_socket.poll(100):  # drop the outputs of steps before the abort
         engine.output_socket.recv()
+
+
+def test_duplicate_live_id_leaves_the_live_request_alone(engine):
+    expected = run_to_end(engine, "solo", max_tokens=12)
+    live = EngineCoreRequest(request_id="twice", prompt_token_ids=[5, 6, 7],
+                             sampling_params=GREEDY.clone(max_tokens=12))
+    intruder = EngineCoreRequest(request_id="twice", prompt_token_ids=[9, 9, 9, 9],
+                                 sampling_params=GREEDY.clone(max_tokens=3))
+    engine.send(T.ADD, live)
+    engine.send(T.ADD, intruder)
+    tokens: list[int] = []
+    errors = []
+    finished = False
+    while not finished:
+        outs = recv(engine)
+        errors += outs.input_errors
+        for o in outs.outputs:
+            tokens += o.new_token_ids
+            finished = o.finished
+    assert [(e.request_id, "already running" in e.message) for e in errors] == [("twice", True)]
+    assert tokens == expected  # the live request ran as if the intruder had never come
+    assert len(run_to_end(engine, "twice", max_tokens=3)) == 3  # once finished, the id may be used again
 
 
 def test_idle_engine_sleeps(engine):

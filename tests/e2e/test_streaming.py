@@ -82,7 +82,11 @@ async def test_64_concurrent_streams_match_in_process_llm_then_engine_fault(anyi
         assert len(failed) == 4 and max(failed) - crashed_at < 2.0
         with pytest.raises(vx.EngineDeadError, match="injected failure"):
             await llm.complete("after", PARAMS)
+        ipc_dir = llm._client.engine.ipc_dir
+        exit_started = time.monotonic()
+    assert time.monotonic() - exit_started < 2.0, "leaving `async with` took too long"
     assert child_pids() <= before
+    assert not os.path.exists(ipc_dir)
 
 
 def test_llm_multiprocess_matches_in_process(tiny_model_dir, reference):

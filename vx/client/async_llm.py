@@ -158,8 +158,7 @@ class AsyncLLM:
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None,
                      request_id: str | None = None) -> AsyncGenerator[str, None]:
         """Stream the generated text as deltas (`params.output_kind` is ignored)."""
-        params = (params or SamplingParams()).clone(output_kind=RequestOutputKind.DELTA)
-        stream = self._add_request(prompt, params, request_id)
+        stream = self._add_request(prompt, _with_output_kind(params, RequestOutputKind.DELTA), request_id)
         finished = False
         try:
             while not finished:
@@ -193,8 +192,7 @@ class AsyncLLM:
     async def complete(self, prompt: Prompt, params: SamplingParams | None = None,
                        request_id: str | None = None) -> RequestOutput:
         """Run one request to its end and return the final output (cumulative text and token ids)."""
-        params = (params or SamplingParams()).clone(output_kind=RequestOutputKind.FINAL_ONLY)
-        stream = self._add_request(prompt, params, request_id)
+        stream = self._add_request(prompt, _with_output_kind(params, RequestOutputKind.FINAL_ONLY), request_id)
         try:
             while True:
                 output = await stream.get()
@@ -359,6 +357,15 @@ class AsyncLLM:
                 stream.fail(copy)
         finally:
             self._busy = False
+
+
+def _with_output_kind(params: SamplingParams | None, kind: RequestOutputKind) -> SamplingParams:
+    """A copy of `params` (default: `SamplingParams()`) with `output_kind` set; `ValueError` for a non-params."""
+    if params is None:
+        return SamplingParams(output_kind=kind)
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a vx.SamplingParams or None, got {type(params).__name__}.")
+    return params.clone(output_kind=kind)
 
 
 async def _run_in_scope(fn: Any, scope: anyio.CancelScope, done: anyio.Event) -> None:

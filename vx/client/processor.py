@@ -42,10 +42,12 @@ class Processor:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a vx.SamplingParams or None, got {type(params).__name__}.")
+        else:
+            params.verify()  # fields may have been changed in place since construction
         if params.n != 1:
             raise ValueError(f"n={params.n} is not supported yet: only n=1 (one sequence per request) is.")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an int, got {type(priority).__name__} {priority!r}.")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority must be an int32, got {type(priority).__name__} {priority!r}.")
         if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float))):
             raise ValueError(f"arrival_time must be a float (time.time()) or None, got {arrival_time!r}.")
 

@@ -1,0 +1,166 @@
+"""AsyncLLM when its engine dies, at each moment that matters: SIGKILL while idle and in the middle of a
+chunked prefill, a fault raised inside execute_model during a prefill, and the application itself killed.
+
+(SIGKILL mid-decode is `test_async_llm.py::test_sigkill_mid_stream`; a fault inside execute_model mid-decode
+is `tests/e2e/test_streaming.py`.) Each test starts its own engine, since each one kills it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import anyio
+import pytest
+from async_helpers import ENGINE_KWARGS, child_pids, process_gone, wait_until
+
+import vx
+from vx.core.engine_core import TEST_FAIL_AFTER_STEPS_ENV
+
+# A 249-token prompt under a 4-token budget takes 63 steps to prefill: long enough to be caught in the middle.
+LONG_PROMPT = [1 + (i * 7) % 500 for i in range(249)]
+PREFILL_ENGINE = dict(ENGINE_KWARGS, max_num_batched_tokens=4)
+PARAMS = vx.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+
+async def expect_dead_everywhere(llm: vx.AsyncLLM, match: str) -> None:
+    """Every call on a dead engine fails at once with EngineDeadError."""
+    t0 = time.monotonic()
+    for call in (lambda: llm.complete("new", PARAMS), llm.stats, lambda: llm.abort("x")):
+        with pytest.raises(vx.EngineDeadError, match=match):
+            await call()
+    for gen in (llm.stream("new", PARAMS), llm.generate([1, 2, 3], PARAMS)):
+        with pytest.raises(vx.EngineDeadError, match=match):
+            async for _ in gen:
+                pass
+    assert time.monotonic() - t0 < 0.5
+
+
+async def stream_tokens(llm: vx.AsyncLLM, prompt, received: list[int], failures: list) -> None:
+    """Consume one request, recording its tokens and the error (with its time) that ends it."""
+    try:
+        async for out in llm.generate(prompt, PARAMS.clone(max_tokens=100)):
+            received += out.outputs[0].token_ids
+    except vx.EngineDeadError as e:
+        failures.append((e, time.monotonic()))
+
+
+@pytest.mark.anyio
+async def test_sigkill_while_idle(tiny_model_dir):
+    before = child_pids()
+    async with vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS) as llm:
+        assert (await llm.complete("warm", PARAMS)).finished
+        engine = llm._client.engine
+        pid, ipc_dir = engine.proc.pid, engine.ipc_dir
+        assert os.path.isdir(ipc_dir)
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(2.0):  # the watcher notices the exit through the process sentinel
+            while not engine.is_dead:
+                await anyio.sleep(0.01)
+        await expect_dead_everywhere(llm, "SIGKILL")
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 2.0, "leaving `async with` took too long"
+    assert process_gone(pid) and child_pids() <= before
+    assert not os.path.exists(ipc_dir)
+    assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+
+
+@pytest.mark.anyio
+async def test_sigkill_mid_prefill(tiny_model_dir):
+    before = child_pids()
+    received: list[int] = []
+    failures: list = []
+    async with vx.AsyncLLM(tiny_model_dir, **PREFILL_ENGINE) as llm:
+        engine = llm._client.engine
+        pid, ipc_dir = engine.proc.pid, engine.ipc_dir
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(stream_tokens, llm, LONG_PROMPT, received, failures)
+                while (await llm.stats()).num_steps < 3:  # three 4-token chunks of the prompt are done
+                    await anyio.sleep(0)
+                os.kill(pid, signal.SIGKILL)
+                killed_at = time.monotonic()
+        assert received == [], "the prefill had already finished: the kill came too late"
+        assert len(failures) == 1
+        error, failed_at = failures[0]
+        assert "SIGKILL" in str(error) and failed_at - killed_at < 2.0
+        await expect_dead_everywhere(llm, "SIGKILL")
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 2.0
+    assert process_gone(pid) and child_pids() <= before
+    assert not os.path.exists(ipc_dir)
+    assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+
+
+@pytest.mark.anyio
+async def test_fault_inside_execute_model_mid_prefill(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(TEST_FAIL_AFTER_STEPS_ENV, "5")  # the 6th model step raises: prefill chunk 6 of 63
+    before = child_pids()
+    received: list[int] = []
+    failures: list = []
+    async with vx.AsyncLLM(tiny_model_dir, **PREFILL_ENGINE) as llm:
+        engine = llm._client.engine
+        pid, ipc_dir = engine.proc.pid, engine.ipc_dir
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(2):  # one prefilling, one waiting behind it
+                    tg.start_soon(stream_tokens, llm, LONG_PROMPT, received, failures)
+        assert received == [] and len(failures) == 2
+        for error, _ in failures:
+            assert "injected failure after 5 model steps" in str(error)
+            assert "Traceback" in str(error.__cause__) and "execute_model" in str(error.__cause__)
+        await expect_dead_everywhere(llm, "injected failure")
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 2.0
+    assert wait_until(lambda: process_gone(pid), timeout=2.0) and child_pids() <= before
+    assert not os.path.exists(ipc_dir)
+
+
+_APP = textwrap.dedent("""
+    import sys, tempfile, time
+    import anyio, vx
+
+    async def main():
+        async with vx.AsyncLLM(sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=64,
+                               max_model_len=128) as llm:
+            async for _ in llm.stream("hello", vx.SamplingParams(max_tokens=2, ignore_eos=True)):
+                pass
+            print(llm._client.engine.proc.pid, flush=True)
+            await anyio.sleep(600)
+
+    if __name__ == "__main__":
+        tempfile.tempdir = sys.argv[2]  # the ipc dir goes where the test can look for it
+        anyio.run(main)
+""")
+
+
+def test_engine_exits_when_the_application_dies(tiny_model_dir, tmp_path):
+    script = tmp_path / "app.py"
+    script.write_text(_APP)
+    ipc_root = tmp_path / "ipc"
+    ipc_root.mkdir()
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    app = subprocess.Popen([sys.executable, str(script), tiny_model_dir, str(ipc_root)],
+                           stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = app.stdout.readline().strip()
+        assert line, "the application failed to start its AsyncLLM"
+        pid = int(line)
+        assert not process_gone(pid) and len(os.listdir(ipc_root)) == 1
+        app.send_signal(signal.SIGKILL)
+        app.wait(10)
+        assert wait_until(lambda: process_gone(pid), timeout=5.0), "the engine outlived its application"
+        assert wait_until(lambda: not os.listdir(ipc_root), timeout=2.0), "the ipc dir was left behind"
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait()
