@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 
 import psutil
@@ -48,3 +51,21 @@ def cpu_seconds(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return t.user + t.system
 
+
+
+def kill_parent_expect_engine_gone(parent: subprocess.Popen, ipc_root: str) -> None:
+    """`parent` printed its engine's pid and keeps its ipc dir under `ipc_root`: SIGKILL it, then the engine
+    must exit by itself and remove the ipc dir (no orphan, no socket files left)."""
+    try:
+        line = parent.stdout.readline().strip()
+        assert line, "the parent process failed to start its engine"
+        pid = int(line)
+        assert not process_gone(pid) and len(os.listdir(ipc_root)) == 1
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert wait_until(lambda: process_gone(pid), timeout=5.0), "the engine outlived its parent"
+        assert wait_until(lambda: not os.listdir(ipc_root), timeout=2.0), "the ipc dir was left behind"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()

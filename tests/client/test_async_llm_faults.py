@@ -16,7 +16,7 @@ import time
 
 import anyio
 import pytest
-from async_helpers import ENGINE_KWARGS, child_pids, process_gone, wait_until
+from async_helpers import ENGINE_KWARGS, child_pids, kill_parent_expect_engine_gone, process_gone, wait_until
 
 import vx
 from vx.core.engine_core import TEST_FAIL_AFTER_STEPS_ENV
@@ -151,16 +151,4 @@ def test_engine_exits_when_the_application_dies(tiny_model_dir, tmp_path):
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     app = subprocess.Popen([sys.executable, str(script), tiny_model_dir, str(ipc_root)],
                            stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        line = app.stdout.readline().strip()
-        assert line, "the application failed to start its AsyncLLM"
-        pid = int(line)
-        assert not process_gone(pid) and len(os.listdir(ipc_root)) == 1
-        app.send_signal(signal.SIGKILL)
-        app.wait(10)
-        assert wait_until(lambda: process_gone(pid), timeout=5.0), "the engine outlived its application"
-        assert wait_until(lambda: not os.listdir(ipc_root), timeout=2.0), "the ipc dir was left behind"
-    finally:
-        if app.poll() is None:
-            app.kill()
-            app.wait()
+    kill_parent_expect_engine_gone(app, str(ipc_root))

@@ -18,7 +18,7 @@ import msgspec
 import psutil
 import pytest
 import zmq
-from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds, process_gone, wait_until
+from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds, kill_parent_expect_engine_gone, process_gone
 
 import vx
 from vx.client.engine_process import EngineProcess
@@ -207,19 +207,7 @@ _PARENT = textwrap.dedent("""
 def test_engine_exits_when_its_parent_dies(tiny_model_dir, tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, tiny_model_dir, str(tmp_path)],
                               stdout=subprocess.PIPE, text=True)
-    try:
-        line = parent.stdout.readline().strip()
-        assert line, "the parent process failed to start the engine"
-        pid = int(line)
-        assert not process_gone(pid) and len(os.listdir(tmp_path)) == 1
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
-        assert wait_until(lambda: process_gone(pid), timeout=5.0), "the engine outlived its parent"
-        assert wait_until(lambda: not os.listdir(tmp_path), timeout=2.0), "the ipc dir was left behind"
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
+    kill_parent_expect_engine_gone(parent, str(tmp_path))
 
 
 def test_start_up_failure_comes_back_through_the_handshake(tiny_model_dir, tmp_path, monkeypatch):
