@@ -67,6 +67,30 @@ def test_request_survives_the_wire(processor):
     assert back == req
 
 
+def test_bad_words_are_tokenized_with_and_without_a_leading_space(processor, tokenizer):
+    words = ["world", "  Hello there", "!", ""]
+    req = processor.process_inputs("r", [1], SamplingParams(bad_words=words))
+    want = []
+    for w in words:  # vLLM's rule: the word as is, plus " word" when that is another token sequence as long
+        plain = tokenizer.encode(w.lstrip(), add_special_tokens=False)
+        if not plain:
+            continue
+        want.append(plain)
+        spaced = tokenizer.encode(" " + w.lstrip(), add_special_tokens=False)
+        if spaced[0] != plain[0] and len(spaced) == len(plain):
+            want.append(spaced)
+    assert req.bad_words_token_ids == want and len(want) >= 3
+    assert tokenizer.encode(" world", add_special_tokens=False) in want  # this tokenizer has " world" as a token
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=EngineCoreRequest)
+    assert back == req
+    assert processor.process_inputs("r", [1], None).bad_words_token_ids is None
+
+
+def test_bad_words_need_a_tokenizer(make_model_config):
+    with pytest.raises(ValueError, match="bad_words need a tokenizer"):
+        Processor(make_model_config(), None).process_inputs("r", [1], SamplingParams(bad_words=["x"]))
+
+
 # ------------------------------------------------------------------ max_tokens clamping
 @pytest.mark.parametrize(
     "max_tokens, prompt_len, expected",

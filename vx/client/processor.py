@@ -65,6 +65,7 @@ class Processor:
             self._check_token_ids("stop_token_ids entry", params.stop_token_ids)
         if params.logit_bias:
             self._check_token_ids("logit_bias key", list(params.logit_bias))
+        bad_words_token_ids = self._tokenize_bad_words(params.bad_words) if params.bad_words else None
 
         room = max_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -79,7 +80,27 @@ class Processor:
             eos_token_ids=list(self.eos_token_ids),
             arrival_time=time.time() if arrival_time is None else float(arrival_time),
             priority=priority or params.priority,
+            bad_words_token_ids=bad_words_token_ids,
         )
+
+    def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]] | None:
+        """Token-id sequences of the bad words, as vLLM makes them: each word as is (leading spaces stripped),
+        and again with one leading space when that spelling tokenizes to a different first token but as many
+        tokens, so that a word is banned both at the start of the text and after a space."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words need a tokenizer to be tokenized; none is loaded.")
+        out: list[list[int]] = []
+        for word in bad_words:
+            plain = list(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            if not plain:
+                continue  # an empty (or all-space) word bans nothing
+            self._check_token_ids(f"bad_words {word!r} token", plain)
+            out.append(plain)
+            spaced = list(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                self._check_token_ids(f"bad_words {word!r} token", spaced)
+                out.append(spaced)
+        return out or None
 
     def _tokenize(self, prompt: Any) -> list[int]:
         """Token ids of a text prompt (with the tokenizer's special tokens, e.g. BOS), or a checked id list."""

@@ -30,6 +30,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     eos_token_ids: list[int] = []
     arrival_time: float = 0.0
     priority: int = 0
+    # `sampling_params.bad_words`, tokenized by the front end (each word with and without a leading space).
+    bad_words_token_ids: list[list[int]] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

@@ -46,6 +46,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
         "priority", "status", "output_token_ids", "all_token_ids", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "stop_reason", "num_preemptions", "max_tokens",
+        "bad_words_token_ids",
     )
 
     def __init__(
@@ -56,6 +57,7 @@ class Request:
         eos_token_ids: list[int] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        bad_words_token_ids: list[list[int]] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -63,6 +65,7 @@ class Request:
         self.eos_token_ids = frozenset(eos_token_ids or ())
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
+        self.bad_words_token_ids = bad_words_token_ids or None
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -77,7 +80,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
         return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params,
-                   req.eos_token_ids, req.arrival_time or None, req.priority)
+                   req.eos_token_ids, req.arrival_time or None, req.priority, req.bad_words_token_ids)
 
     @property
     def num_tokens(self) -> int:

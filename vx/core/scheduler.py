@@ -122,7 +122,8 @@ class Scheduler:
                 scheduled.append(ScheduledRequest(
                     req.request_id, True, req.all_token_ids[num_computed:num_computed + num_new],
                     num_computed, kv.get_block_ids(req.request_id), req.sampling_params,
-                    num_computed + num_new >= req.num_tokens, req.output_token_ids))
+                    num_computed + num_new >= req.num_tokens, req.output_token_ids,
+                    req.prompt_token_ids, tuple(sorted(req.eos_token_ids)), req.bad_words_token_ids))
                 budget -= num_new
                 if resumed:
                     preempted_ids.discard(req.request_id)

@@ -23,7 +23,11 @@ class ScheduledRequest:
     new_block_ids: list[int]
     sampling_params: SamplingParams
     samples: bool  # True when this step reaches the end of the request's known tokens
-    output_token_ids: list[int] = field(default_factory=list)  # live view, for penalties
+    output_token_ids: list[int] = field(default_factory=list)  # the output so far (the runner copies it when is_new)
+    # Set when is_new, for the logits processors (repetition penalty, min_tokens, bad words):
+    prompt_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: tuple[int, ...] = ()
+    bad_words_token_ids: list[list[int]] | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:

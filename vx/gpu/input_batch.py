@@ -13,13 +13,17 @@ from vx.sampling_params import SamplingParams
 
 @dataclass
 class CachedRequestState:
-    """What the runner remembers of a live request: its block table and its sampling RNG."""
+    """What the runner remembers of a live request: its block table, its sampling RNG, and the tokens the
+    logits processors look at. `output_token_ids` is the runner's own list: it appends each token it samples."""
 
     req_id: str
     block_ids: list[int]
     sampling_params: SamplingParams
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: tuple[int, ...] = ()
+    bad_words_token_ids: list[list[int]] | None = None
 
 
 @dataclass
@@ -69,10 +73,18 @@ class InputBatch:
                     gen = self.parked_generators.pop(sr.req_id)
                 else:
                     gen = self._make_generator(sr.sampling_params)
+                # A copy of the output so far: from here on the runner appends what it samples (the scheduler's
+                # list may live in another process, or be appended to at another time).
                 self.states[sr.req_id] = CachedRequestState(
-                    sr.req_id, list(sr.new_block_ids), sr.sampling_params, gen, sr.output_token_ids)
+                    sr.req_id, list(sr.new_block_ids), sr.sampling_params, gen, list(sr.output_token_ids),
+                    sr.prompt_token_ids, tuple(sr.eos_token_ids), sr.bad_words_token_ids)
             elif sr.new_block_ids:
                 self.states[sr.req_id].block_ids.extend(sr.new_block_ids)
+
+    def append_sampled(self, states: list[CachedRequestState], token_ids: list[int]) -> None:
+        """Record one sampled token per sampling row, so next step's penalties see it."""
+        for state, tok in zip(states, token_ids):
+            state.output_token_ids.append(tok)
 
     def _make_generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None:

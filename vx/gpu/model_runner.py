@@ -85,6 +85,12 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inp.logits_indices.to(dev)])
         states = inp.sampling_states
         generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
-        meta = SamplingMetadata.build([s.sampling_params for s in states], generators, dev)
-        sampled = self.sampler(logits, meta).sampled_token_ids
-        return ModelRunnerOutput(inp.sampling_req_ids, sampled.tolist())
+        meta = SamplingMetadata.build(
+            [s.sampling_params for s in states], generators, dev,
+            output_token_ids=[s.output_token_ids for s in states],
+            prompt_token_ids=[s.prompt_token_ids for s in states],
+            eos_token_ids=[s.eos_token_ids for s in states],
+            bad_words_token_ids=[s.bad_words_token_ids for s in states])
+        sampled = self.sampler(logits, meta).sampled_token_ids.tolist()
+        self.input_batch.append_sampled(states, sampled)
+        return ModelRunnerOutput(inp.sampling_req_ids, sampled)

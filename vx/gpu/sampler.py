@@ -1,9 +1,11 @@
 """The batched token sampler: one next token per row from the last-position logits.
 
-Greedy rows take the argmax of the raw logits. Random rows apply temperature, then top-k, then top-p, then min-p,
-and draw with the exponential race: argmax(probs / q), q ~ Exponential(1) i.i.d. per token, picks token i with
-probability probs[i] / sum(probs). The race needs neither normalised probs nor a cumulative sum, and it lets each
-seeded row draw its q from its own generator, so a seeded request samples the same tokens whatever batch it is in.
+First the logits processors (penalties, logit bias, min tokens, bad words), if any row uses one, edit a copy of the
+logits of every row. Greedy rows then take the argmax. Random rows apply temperature, then top-k, then top-p, then
+min-p, and draw with the exponential race: argmax(probs / q), q ~ Exponential(1) i.i.d. per token, picks token i
+with probability probs[i] / sum(probs). The race needs neither normalised probs nor a cumulative sum, and it lets
+each seeded row draw its q from its own generator, so a seeded request samples the same tokens whatever batch it is
+in.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Token ids [B] for float logits [B, V]. Does not modify `logits`."""
-        logits = logits.float()  # no-op for float32; bf16/fp16 logits would lose too much in softmax
+        # float(): no-op for float32; bf16/fp16 logits would lose too much in softmax
+        if metadata.logits_processors is not None:
+            # The processors write in place: on a copy, never the caller's tensor.
+            logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits = metadata.logits_processors(logits)
+        else:
+            logits = logits.float()
         if metadata.all_greedy:
             # Fast path: nothing random in the batch, so one argmax is the whole step.
             return SamplerOutput(sampled_token_ids=logits.argmax(dim=-1))
@@ -40,7 +48,7 @@ class Sampler(nn.Module):
         greedy_ids = None if metadata.all_random else logits.argmax(dim=-1)
         sampled = self._sample_random(logits, metadata)
         if greedy_ids is not None:
-            # Greedy rows take the argmax of the raw logits, not of anything derived from them.
+            # Greedy rows take the argmax of the (processed) logits, not of anything temperature-derived.
             sampled = torch.where(metadata.temperature < GREEDY_TEMPERATURE_EPS, greedy_ids, sampled)
         return SamplerOutput(sampled_token_ids=sampled)
 

@@ -7,10 +7,12 @@ for a softmax and one exponential draw, nothing else).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from vx.gpu.logits_processor import LogitsProcessorChain, build_logits_processors
 from vx.sampling_params import SamplingParams
 
 # Temperatures below this are greedy; the same cut-off as `SamplingParams.greedy`, so both sides agree.
@@ -34,6 +36,7 @@ class SamplingMetadata:
 
     `temperature` is 0 for greedy rows. `top_k` (0 = off), `top_p` and `min_p` are None when no random row
     uses them. `generators` maps a row to its request's own generator (seeded requests only).
+    `logits_processors` (penalties, logit bias, min tokens, bad words) is None when no row uses any of them.
     """
 
     temperature: torch.Tensor  # float32 [B]
@@ -44,6 +47,7 @@ class SamplingMetadata:
     min_p: torch.Tensor | None = None  # float32 [B]
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None  # reserved: the largest `logprobs` asked for in the batch
+    logits_processors: LogitsProcessorChain | None = None  # applied to every row (greedy too) before temperature
 
     @property
     def num_rows(self) -> int:
@@ -56,8 +60,16 @@ class SamplingMetadata:
         params: list[SamplingParams],
         generators: dict[int, torch.Generator],
         device: torch.device | str,
+        *,
+        output_token_ids: Sequence[Sequence[int]] | None = None,
+        prompt_token_ids: Sequence[Sequence[int]] | None = None,
+        eos_token_ids: Sequence[Sequence[int]] | None = None,
+        bad_words_token_ids: Sequence[Sequence[Sequence[int]] | None] | None = None,
     ) -> "SamplingMetadata":
         """Tensors for `params` (one per row) on `device`.
+
+        The token lists (one per row; `output_token_ids` None means no token generated yet) feed the logits
+        processors, which are built only when some row uses one.
 
         Every float column goes to the device in one `torch.tensor` call (one host-to-device copy). Greedy rows
         get neutral values (temperature 0, top_k 0, top_p 1, min_p 0), so a greedy row never switches a feature
@@ -95,6 +107,8 @@ class SamplingMetadata:
             )
 
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        outputs = output_token_ids if output_token_ids is not None else [()] * len(params)
+        procs = build_logits_processors(params, outputs, prompt_token_ids, eos_token_ids, bad_words_token_ids)
         return cls(
             temperature=temperature,
             all_greedy=all_greedy,
@@ -105,4 +119,5 @@ class SamplingMetadata:
             # A greedy row never draws, so its generator is left out (and its state left untouched).
             generators={i: g for i, g in generators.items() if not greedy[i]},
             max_num_logprobs=max(logprobs) if logprobs else None,
+            logits_processors=procs,
         )
