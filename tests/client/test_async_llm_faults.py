@@ -7,6 +7,7 @@ is `tests/e2e/test_streaming.py`.) Each test starts its own engine, since each o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -54,62 +55,64 @@ async def stream_tokens(llm: vx.AsyncLLM, prompt, received: list[int], failures:
         failures.append((e, time.monotonic()))
 
 
-@pytest.mark.anyio
-async def test_sigkill_while_idle(tiny_model_dir):
+@contextlib.asynccontextmanager
+async def engine_that_dies(model_dir: str, engine_kwargs: dict, *, exit_grace: float = 0.0):
+    """An AsyncLLM whose engine the body kills (or makes fail); yields (llm, engine).
+
+    After the body: leaving `async with` takes under 2 s, the engine process is gone (at once, or within
+    `exit_grace` seconds for an engine that exits on its own after reporting its error), no child process and
+    no ipc dir (socket files) are left, and the front end holds no per-request state.
+    """
     before = child_pids()
-    async with vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS) as llm:
-        assert (await llm.complete("warm", PARAMS)).finished
+    async with vx.AsyncLLM(model_dir, **engine_kwargs) as llm:
         engine = llm._client.engine
         pid, ipc_dir = engine.proc.pid, engine.ipc_dir
-        assert os.path.isdir(ipc_dir)
-        os.kill(pid, signal.SIGKILL)
-        with anyio.fail_after(2.0):  # the watcher notices the exit through the process sentinel
-            while not engine.is_dead:
-                await anyio.sleep(0.01)
-        await expect_dead_everywhere(llm, "SIGKILL")
+        yield llm, engine
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 2.0, "leaving `async with` took too long"
-    assert process_gone(pid) and child_pids() <= before
+    gone = wait_until(lambda: process_gone(pid), timeout=exit_grace) if exit_grace else process_gone(pid)
+    assert gone and child_pids() <= before
     assert not os.path.exists(ipc_dir)
     assert llm.output_processor.request_states == {} and len(llm._streams) == 0
 
 
 @pytest.mark.anyio
+async def test_sigkill_while_idle(tiny_model_dir):
+    async with engine_that_dies(tiny_model_dir, ENGINE_KWARGS) as (llm, engine):
+        assert (await llm.complete("warm", PARAMS)).finished
+        assert os.path.isdir(engine.ipc_dir)
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        with anyio.fail_after(2.0):  # the watcher notices the exit through the process sentinel
+            while not engine.is_dead:
+                await anyio.sleep(0.01)
+        await expect_dead_everywhere(llm, "SIGKILL")
+
+
+@pytest.mark.anyio
 async def test_sigkill_mid_prefill(tiny_model_dir):
-    before = child_pids()
     received: list[int] = []
     failures: list = []
-    async with vx.AsyncLLM(tiny_model_dir, **PREFILL_ENGINE) as llm:
-        engine = llm._client.engine
-        pid, ipc_dir = engine.proc.pid, engine.ipc_dir
+    async with engine_that_dies(tiny_model_dir, PREFILL_ENGINE) as (llm, engine):
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(stream_tokens, llm, LONG_PROMPT, received, failures)
                 while (await llm.stats()).num_steps < 3:  # three 4-token chunks of the prompt are done
                     await anyio.sleep(0)
-                os.kill(pid, signal.SIGKILL)
+                os.kill(engine.proc.pid, signal.SIGKILL)
                 killed_at = time.monotonic()
         assert received == [], "the prefill had already finished: the kill came too late"
         assert len(failures) == 1
         error, failed_at = failures[0]
         assert "SIGKILL" in str(error) and failed_at - killed_at < 2.0
         await expect_dead_everywhere(llm, "SIGKILL")
-        t0 = time.monotonic()
-    assert time.monotonic() - t0 < 2.0
-    assert process_gone(pid) and child_pids() <= before
-    assert not os.path.exists(ipc_dir)
-    assert llm.output_processor.request_states == {} and len(llm._streams) == 0
 
 
 @pytest.mark.anyio
 async def test_fault_inside_execute_model_mid_prefill(tiny_model_dir, monkeypatch):
     monkeypatch.setenv(TEST_FAIL_AFTER_STEPS_ENV, "5")  # the 6th model step raises: prefill chunk 6 of 63
-    before = child_pids()
     received: list[int] = []
     failures: list = []
-    async with vx.AsyncLLM(tiny_model_dir, **PREFILL_ENGINE) as llm:
-        engine = llm._client.engine
-        pid, ipc_dir = engine.proc.pid, engine.ipc_dir
+    async with engine_that_dies(tiny_model_dir, PREFILL_ENGINE, exit_grace=2.0) as (llm, _):
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 for _ in range(2):  # one prefilling, one waiting behind it
@@ -119,10 +122,6 @@ async def test_fault_inside_execute_model_mid_prefill(tiny_model_dir, monkeypatc
             assert "injected failure after 5 model steps" in str(error)
             assert "Traceback" in str(error.__cause__) and "execute_model" in str(error.__cause__)
         await expect_dead_everywhere(llm, "injected failure")
-        t0 = time.monotonic()
-    assert time.monotonic() - t0 < 2.0
-    assert wait_until(lambda: process_gone(pid), timeout=2.0) and child_pids() <= before
-    assert not os.path.exists(ipc_dir)
 
 
 _APP = textwrap.dedent("""

@@ -256,7 +256,6 @@ def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: 
     The config is built here from the plain `EngineArgs`, so that no model objects cross the process boundary.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the application, which shuts us down
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: see EngineArgs.create_config
     _watch_parent(ipc_dir)
     ctx = zmq.Context()
     out_sock = ctx.socket(zmq.PUSH)

@@ -2,10 +2,11 @@
 
 First the logits processors (penalties, logit bias, min tokens, bad words), if any row uses one, edit a copy of the
 logits of every row. Greedy rows then take the argmax. Random rows apply temperature, then top-k, then top-p, then
-min-p, and draw with the exponential race: argmax(probs / q), q ~ Exponential(1) i.i.d. per token, picks token i
-with probability probs[i] / sum(probs). The race needs neither normalised probs nor a cumulative sum, and it lets
-each seeded row draw its q from its own generator, so a seeded request samples the same tokens whatever batch it is
-in.
+min-p, and draw. On CUDA the draw is the exponential race: argmax(probs / q), q ~ Exponential(1) i.i.d. per token,
+picks token i with probability probs[i] / sum(probs), with no normalisation, cumulative sum or host sync. On CPU,
+where one exponential per vocabulary entry costs far more than a cumulative sum, it is the inverse CDF of one
+uniform number per row. Either way each seeded row draws from its own generator, so a seeded request samples the
+same tokens whatever batch it is in.
 """
 
 from __future__ import annotations
