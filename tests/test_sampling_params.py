@@ -36,6 +36,7 @@ BAD_VALUES: dict[str, list] = {
     "logit_bias": [{-1: 1.0}, {1: 101.0}, {1: NAN}, {True: 1.0}, {"1": 1.0}, {1: "x"}, [1], "x", {1: None}],
     "bad_words": ["abc", [1], ["a", None], 5, ("a",), ["\ud800"]],
     "priority": [2**31, -(2**31) - 1, 1.5, True, "1", None],
+    "structured_outputs": [{"json": {}}, "regex", 1],
 }
 CASES = [(name, value) for name, values in BAD_VALUES.items() for value in values]
 
@@ -78,3 +79,17 @@ def test_wire_round_trip_validates():
 
 def test_public_name():
     assert vx.SamplingParams is SamplingParams
+
+
+def test_structured_outputs_params_need_exactly_one_constraint():
+    from vx.sampling_params import StructuredOutputsParams
+
+    for bad in ({}, {"regex": "a", "choice": ["x"]}, {"json": 3}, {"regex": ""}, {"choice": []},
+                {"choice": ["a", 1]}, {"grammar": 5}, {"json_object": 1}):
+        with pytest.raises(ValueError, match="json|regex|choice|grammar"):
+            StructuredOutputsParams(**bad)
+    so = StructuredOutputsParams(choice=["yes", "no"])
+    assert so.kind == "choice" and StructuredOutputsParams(json_object=True).kind == "json_object"
+    params = SamplingParams(structured_outputs=so)
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
+    assert wire.structured_outputs == so

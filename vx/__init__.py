@@ -19,9 +19,11 @@ _EXPORTS = {
     "EngineDeadError": "vx.errors",
     "CompletionOutput": "vx.outputs",
     "EngineStats": "vx.outputs",
+    "Logprob": "vx.outputs",
     "RequestOutput": "vx.outputs",
     "RequestOutputKind": "vx.sampling_params",
     "SamplingParams": "vx.sampling_params",
+    "StructuredOutputsParams": "vx.sampling_params",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -32,8 +34,8 @@ if TYPE_CHECKING:
     from vx.config import EngineArgs
     from vx.model_source import DEFAULT_MODEL
     from vx.errors import EngineDeadError
-    from vx.outputs import CompletionOutput, EngineStats, RequestOutput
-    from vx.sampling_params import RequestOutputKind, SamplingParams
+    from vx.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+    from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,19 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """The log-probability of one token at one position, its rank there (1 = most likely), and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position's logprobs: token id -> Logprob (the chosen token, plus the top-k asked for).
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence of a request (index < n)."""
 
@@ -14,8 +27,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    cumulative_logprob: float | None = None
-    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None  # sum of the chosen tokens' logprobs, when logprobs were asked for
+    logprobs: list[PositionLogprobs] | None = None  # one per generated token, when `logprobs` was set
 
     @property
     def finished(self) -> bool:
@@ -32,6 +45,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    # One per prompt token when `prompt_logprobs` was set; the first is None (nothing predicts it).
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -20,6 +20,52 @@ class RequestOutputKind(enum.IntEnum):
 _INT_MAX = 2**63 - 1
 
 
+class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Constrain the output to a JSON schema, a regex, one of some strings, or a grammar (vLLM's names).
+
+    Exactly one of the fields is set. `json` is a JSON schema (a dict, or its JSON text); `json_object=True`
+    asks for any JSON object; `grammar` is an EBNF (GBNF) grammar. The engine compiles it with xgrammar
+    and masks, at every step, the tokens that would break it.
+    """
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """`ValueError` unless exactly one constraint is set, with a value of the right type."""
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("StructuredOutputsParams needs exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {given or 'none'}.")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}.")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty str, got {value!r}.")
+        if self.choice is not None:
+            _check_str_list("choice", self.choice, "a non-empty list of strings")
+            if not self.choice:
+                raise ValueError("choice must be a non-empty list of strings.")
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError(f"json_object must be a bool, got {self.json_object!r}.")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        for name in ("json", "regex", "choice", "grammar"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object"
+
+
 class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """How to sample one request. Validated at construction: bad values raise `ValueError`."""
 
@@ -46,6 +92,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     bad_words: list[str] | None = None
     priority: int = 0
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.verify()
@@ -119,6 +166,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         if self.bad_words is not None:
             _check_str_list("bad_words", self.bad_words, "a list of strings")
         _check_int("priority", self.priority, lo=-(2**31), hi=2**31 - 1)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError("structured_outputs must be a vx.StructuredOutputsParams, got "
+                                 f"{type(self.structured_outputs).__name__}.")
+            self.structured_outputs.verify()
 
     @property
     def greedy(self) -> bool:
