@@ -12,6 +12,7 @@ from typing import Any
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
 _ATTN_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+_SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
     enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # "fcfs" | "priority" (lower `priority` value first)
 
 
 @dataclass
@@ -107,6 +109,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
     attention_backend: str = "auto"
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
@@ -202,6 +205,7 @@ class EngineArgs:
             max_num_batched_tokens=budget,
             max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
         )
         dev = DeviceConfig(device=device, attention_backend=self.attention_backend,
                            enforce_eager=self.enforce_eager)
@@ -212,6 +216,9 @@ class EngineArgs:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}.")
         if self.device not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}.")
+        if self.scheduling_policy not in _SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {_SCHEDULING_POLICIES}, got "
+                             f"{self.scheduling_policy!r}.")
         if self.attention_backend not in _ATTN_BACKENDS:
             raise ValueError(f"attention_backend must be one of {_ATTN_BACKENDS}, got {self.attention_backend!r}.")
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",

@@ -174,3 +174,50 @@ def test_prefix_hits_skip_computation():
     so, _ = step(s)
     assert so.scheduled[0].num_computed_tokens == 16
     assert so.total_num_scheduled_tokens == 1
+
+
+def make_priority_scheduler(**kw) -> Scheduler:
+    s = make_scheduler(**kw)
+    s.config.policy = "priority"
+    return Scheduler(s.config, CacheConfig(block_size=s.block_size), s.kv_cache_manager)
+
+
+def test_priority_policy_admits_lower_priority_value_first():
+    s = make_priority_scheduler(max_seqs=1)
+    s.add_request(Request("late-urgent", [1, 2, 3], SamplingParams(max_tokens=1), arrival_time=2.0, priority=-5))
+    s.add_request(Request("early-normal", [1, 2, 3], SamplingParams(max_tokens=1), arrival_time=1.0, priority=0))
+    s.add_request(Request("early-urgent", [4, 5, 6], SamplingParams(max_tokens=1), arrival_time=1.5, priority=-5))
+    order = [so.scheduled[0].req_id for so, _ in run_all(s)]
+    assert order == ["early-urgent", "late-urgent", "early-normal"]
+
+
+def test_fcfs_policy_ignores_priority():
+    s = make_scheduler(max_seqs=1)
+    s.add_request(Request("first", [1, 2, 3], SamplingParams(max_tokens=1), arrival_time=1.0, priority=9))
+    s.add_request(Request("second", [1, 2, 3], SamplingParams(max_tokens=1), arrival_time=2.0, priority=-9))
+    assert [so.scheduled[0].req_id for so, _ in run_all(s)] == ["first", "second"]
+
+
+def test_priority_policy_preempts_the_least_important_request():
+    # 2 blocks of 4 tokens per request at most; 5 usable blocks: the third request's growth must evict someone.
+    s = make_priority_scheduler(num_blocks=6, block_size=4, budget=64, max_seqs=3)
+    s.add_request(Request("bg", [1] * 4, SamplingParams(max_tokens=4, ignore_eos=True), arrival_time=0.0, priority=5))
+    s.add_request(Request("fg", [2] * 4, SamplingParams(max_tokens=4, ignore_eos=True), arrival_time=1.0, priority=0))
+    s.add_request(Request("mid", [3] * 4, SamplingParams(max_tokens=4, ignore_eos=True), arrival_time=2.0, priority=1))
+    preempted: list[str] = []
+    finished: list[str] = []
+    for so, out in run_all(s):
+        preempted += sorted(so.preempted_req_ids)
+        finished += out.finished_requests
+    assert preempted and set(preempted) == {"bg"}  # never the more important ones, though "bg" arrived first
+    assert finished.index("fg") < finished.index("bg") and finished.index("mid") < finished.index("bg")
+    assert s.kv_cache_manager.stats().num_blocks_in_use == 0
+
+
+def test_priority_policy_aborts_waiting_requests():
+    s = make_priority_scheduler(max_seqs=1)
+    for i in range(4):
+        s.add_request(Request(f"r{i}", [1, 2], SamplingParams(max_tokens=2), arrival_time=float(i), priority=-i))
+    assert s.finish_requests(["r1", "r2"], RequestStatus.FINISHED_ABORTED) == ["r1", "r2"]
+    order = [so.scheduled[0].req_id for so, _ in run_all(s) if so.scheduled]
+    assert [rid for i, rid in enumerate(order) if i == 0 or rid != order[i - 1]] == ["r3", "r0"]

@@ -31,9 +31,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     """Drives a Scheduler as EngineCore does (adds and aborts between steps) and checks its invariants."""
 
     @initialize(block_size=st.sampled_from([2, 4]), spare_blocks=st.integers(0, 4), budget=st.integers(1, 16),
-                max_num_seqs=st.integers(1, 8), chunked=st.booleans(), caching=st.booleans())
+                max_num_seqs=st.integers(1, 8), chunked=st.booleans(), caching=st.booleans(),
+                policy=st.sampled_from(["fcfs", "priority"]))
     def configure(self, block_size: int, spare_blocks: int, budget: int, max_num_seqs: int, chunked: bool,
-                  caching: bool) -> None:
+                  caching: bool, policy: str) -> None:
         # The pool holds one sequence of MAX_MODEL_LEN (as EngineArgs requires), plus a few spare blocks: small
         # enough that several requests run out of blocks and preempt each other.
         num_blocks = 1 + -(-MAX_MODEL_LEN // block_size) + spare_blocks
@@ -41,7 +42,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             budget = max(budget, MAX_MODEL_LEN)  # as EngineArgs requires: a whole prompt must fit one step
         self.block_size = block_size
         self.kv = KVCacheManager(num_blocks, block_size, caching)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget, MAX_MODEL_LEN, chunked),
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget, MAX_MODEL_LEN, chunked, policy),
                                    CacheConfig(block_size=block_size, enable_prefix_caching=caching), self.kv)
         self.next_id = 0
         self.prompts: list[list[int]] = []
@@ -62,7 +63,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.next_id += 1
             params = SamplingParams(temperature=0.0, max_tokens=data.draw(st.integers(1, 12), label="max_tokens"),
                                     ignore_eos=data.draw(st.booleans(), label="ignore_eos"))
-            self.scheduler.add_request(Request(rid, tokens, params, [EOS]))
+            priority = data.draw(st.integers(-2, 2), label="priority")
+            self.scheduler.add_request(Request(rid, tokens, params, [EOS], priority=priority))
             self.prompts.append(tokens)
             self.outcome[rid] = None
 

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Iterable
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
 from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs
 from vx.core.request import Request, RequestStatus
+from vx.core.request_queue import make_request_queue
 from vx.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
     """Decides each step which requests compute how many tokens, and applies the results.
 
-    Running requests go first, in arrival order; each gets the tokens it still lacks (prefill
+    Running requests go first, in admission order; each gets the tokens it still lacks (prefill
     chunk or one decode token) while the token budget lasts. When the KV cache cannot grow a
-    running request, the latest-arrived running request is preempted: its blocks are freed and it
-    goes back to the front of the waiting queue, to resume later from whatever prefix is still cached.
-    Waiting requests are admitted only in steps without preemption.
+    running request, one running request is preempted: the latest admitted ("fcfs"), or the one with
+    the largest (priority, arrival time) ("priority"). Its blocks are freed and it goes back to the
+    waiting queue ahead of its peers, to resume later from whatever prefix is still cached.
+    Waiting requests are admitted in queue order (arrival, or priority then arrival), only in steps
+    without preemption.
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
@@ -30,7 +32,8 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = scheduler_config.max_model_len
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.policy = scheduler_config.policy
+        self.waiting = make_request_queue(self.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
@@ -43,7 +46,7 @@ class Scheduler:
             raise ValueError(f"Request id {request.request_id!r} is already running; ids must be unique "
                              "among live requests.")
         self.requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[str]:
         """End requests from outside (abort); unknown or already-ended ids are ignored."""
@@ -86,11 +89,19 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(req, num_new)
                 if new_blocks is not None:
                     break
-                victim = self.running.pop()
+                victim, victim_index = self._pop_victim()
                 self._preempt(victim)
                 preempted_ids.add(victim.request_id)
                 if victim is req:
                     break
+                if victim_index < i:
+                    # The priority policy may evict a request already planned in this step: unplan it (its new
+                    # blocks went back with the rest of its blocks) and step back over its place in `running`.
+                    i -= 1
+                    for k, planned in enumerate(scheduled):
+                        if planned.req_id == victim.request_id:
+                            budget += len(scheduled.pop(k).token_ids)
+                            break
             if new_blocks is None:
                 break
             scheduled.append(ScheduledRequest(
@@ -103,7 +114,7 @@ class Scheduler:
 
         if not preempted_ids:
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                req = self.waiting[0]
+                req = self.waiting.peek()
                 computed_blocks, num_computed = kv.get_computed_blocks(req)
                 num_new = req.num_tokens - num_computed
                 if not self.config.enable_chunked_prefill and num_new > budget:
@@ -112,7 +123,7 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(req, num_new, num_computed, computed_blocks)
                 if new_blocks is None:
                     break
-                self.waiting.popleft()
+                self.waiting.pop()
                 resumed = req.status == RequestStatus.PREEMPTED
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = num_computed
@@ -137,13 +148,21 @@ class Scheduler:
         self.finished_req_ids = set()
         return out
 
+    def _pop_victim(self) -> tuple[Request, int]:
+        """Take the request to preempt out of `running` (the newest, or the least important one), with its index."""
+        index = len(self.running) - 1
+        if self.policy == "priority":
+            index = max(range(len(self.running)),
+                        key=lambda k: (self.running[k].priority, self.running[k].arrival_time, k))
+        return self.running.pop(index), index
+
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        self.waiting.prepend(req)
 
     # ---------------------------------------------------------------- update
     def update_from_output(self, scheduler_output: SchedulerOutput,
