@@ -74,6 +74,7 @@ async def engine_that_dies(model_dir: str, engine_kwargs: dict, *, exit_grace: f
     assert gone and child_pids() <= before
     assert not os.path.exists(ipc_dir)
     assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+    assert llm.output_processor.parent_requests == {}
 
 
 @pytest.mark.anyio

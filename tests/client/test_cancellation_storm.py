@@ -48,6 +48,7 @@ def front_end_state(llm: AsyncLLM) -> dict[str, int]:
         "streams": len(llm._streams),
         "deferred_drops": len(llm._deferred_drops),
         "request_states": len(llm.output_processor.request_states),
+        "parent_requests": len(llm.output_processor.parent_requests),
         "utility_waiters": len(llm._client._utility_waiters),
         "pending_sends": len(llm._client.engine._pending_sends),
         "unfinished": llm.num_unfinished_requests,

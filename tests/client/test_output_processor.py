@@ -330,3 +330,46 @@ def test_stop_string_property(tokenizer, text, stop, include, cut):
         assert expected.startswith(shown)  # nothing shown is ever taken back
     assert shown == expected and op.request_states == {}
     assert outs[-1].outputs[0].stop_reason == (stop if pos >= 0 else None)
+
+
+# ------------------------------------------------------------------------------------- n > 1 (parent requests)
+@pytest.mark.parametrize("kind", [CUM, DELTA, FINAL])
+def test_parallel_samples_gather_into_one_request(tokenizer, kind):
+    op = OutputProcessor(tokenizer)
+    children = op.add_request(make_request(tokenizer, "p", n=3, seed=5, output_kind=kind, prompt_logprobs=1))
+    assert [c.request_id for c in children] == ["0_p", "1_p", "2_p"]
+    assert [c.sampling_params.seed for c in children] == [5, 6, 7] and all(c.sampling_params.n == 1 for c in children)
+    assert [c.sampling_params.prompt_logprobs for c in children] == [1, None, None]
+    assert op.get_num_unfinished_requests() == 1 and op.engine_request_ids(["p"]) == ["0_p", "1_p", "2_p"]
+    assert op.request_id_of("1_p") == "p" and op.request_ids() == ["p"]
+    hello, world = tokenizer.encode("Hello"), tokenizer.encode(" world")
+    outs = step(op, "1_p", hello).request_outputs + step(op, "0_p", world).request_outputs
+    outs += step(op, "1_p", world, FinishReason.LENGTH).request_outputs
+    outs += step(op, "2_p", hello + [0], FinishReason.STOP).request_outputs
+    assert op.get_num_unfinished_requests() == 1 and not any(o.finished for o in outs)
+    outs += step(op, "0_p", hello, FinishReason.LENGTH).request_outputs
+    assert all(o.request_id == "p" for o in outs) and outs[-1].finished
+    assert op.parent_requests == {} and op.request_states == {} and not op.has_unfinished_requests()
+    if kind == FINAL:
+        assert len(outs) == 1
+    if kind == DELTA:
+        texts = {0: "", 1: "", 2: ""}
+        for o in outs:
+            assert len(o.outputs) == 1
+            texts[o.outputs[0].index] += o.outputs[0].text
+    else:
+        texts = {c.index: c.text for c in outs[-1].outputs}
+    assert texts == {0: " worldHello", 1: "Hello world", 2: "Hello"}  # 2 ended on eos, which is not shown
+    assert [c.finish_reason for c in outs[-1].outputs if kind != DELTA] in ([], ["length", "length", "stop"])
+
+
+def test_aborting_a_parent_ends_every_sample(tokenizer):
+    op = OutputProcessor(tokenizer)
+    op.add_request(make_request(tokenizer, "p", n=2))
+    step(op, "0_p", tokenizer.encode("Hi"))
+    finals = op.abort_requests(["p"])
+    assert finals[-1].finished and [c.finish_reason for c in finals[-1].outputs] == ["abort", "abort"]
+    assert op.parent_requests == {} and op.request_states == {}
+    with pytest.raises(ValueError, match="unique"):
+        op.add_request(make_request(tokenizer, "q", n=2))
+        op.add_request(make_request(tokenizer, "q"))

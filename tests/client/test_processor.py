@@ -130,8 +130,10 @@ def test_params_of_wrong_type(processor, params):
     assert "SamplingParams" in _err(processor, "r", [1], params)
 
 
-def test_n_greater_than_one_refused(processor):
-    assert "n=2 is not supported" in _err(processor, "r", [1], SamplingParams(n=2))
+def test_n_greater_than_one_is_one_request_with_n(processor):
+    # The fan-out into n engine requests happens in the OutputProcessor; the processor keeps n as given.
+    req = processor.process_inputs("r", [1], SamplingParams(n=2))
+    assert req.request_id == "r" and req.sampling_params.n == 2
 
 
 @pytest.mark.parametrize("prompt", ["", []])

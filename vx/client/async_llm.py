@@ -139,12 +139,14 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------------------------------------ public
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncGenerator[RequestOutput, None]:
+                       request_id: str | None = None, *, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Stream `RequestOutput`s of one request, shaped by `params.output_kind` (CUMULATIVE, DELTA, FINAL_ONLY).
 
-        Bad input raises `ValueError`; a dead engine raises `vx.EngineDeadError`. Leaving the loop early aborts.
+        With `n > 1` each output holds the samples (`CompletionOutput.index`) that have news (DELTA) or all of them.
+        `priority` matters with `scheduling_policy="priority"` (lower runs first). Bad input raises `ValueError`;
+        a dead engine raises `vx.EngineDeadError`. Leaving the loop early aborts.
         """
-        stream = self._add_request(prompt, params, request_id)
+        stream = self._add_request(prompt, params, request_id, priority)
         finished = False
         try:
             while not finished:
@@ -156,9 +158,12 @@ class AsyncLLM:
                 self._abort_now(stream)
 
     async def stream(self, prompt: Prompt, params: SamplingParams | None = None,
-                     request_id: str | None = None) -> AsyncGenerator[str, None]:
-        """Stream the generated text as deltas (`params.output_kind` is ignored)."""
-        stream = self._add_request(prompt, _with_output_kind(params, RequestOutputKind.DELTA), request_id)
+                     request_id: str | None = None, *, priority: int = 0) -> AsyncGenerator[str, None]:
+        """Stream the generated text as deltas (`params.output_kind` is ignored; `n` must be 1: use `generate`)."""
+        params = _with_output_kind(params, RequestOutputKind.DELTA)
+        if params.n != 1:
+            raise ValueError(f"stream() yields one text, but n={params.n}; use generate() for parallel samples.")
+        stream = self._add_request(prompt, params, request_id, priority)
         finished = False
         try:
             while not finished:
@@ -173,7 +178,7 @@ class AsyncLLM:
 
     async def chat(self, messages: list[dict[str, Any]], params: SamplingParams | None = None, *,
                    tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,
-                   request_id: str | None = None) -> AsyncGenerator[str, None]:
+                   request_id: str | None = None, priority: int = 0) -> AsyncGenerator[str, None]:
         """Stream the assistant's reply to `messages` (OpenAI-style dicts) as text deltas.
 
         The model's chat template renders the conversation (with `tools`, if given); the reply stops at the
@@ -186,13 +191,14 @@ class AsyncLLM:
         # The template already holds the special tokens (bos etc.): tokenize without adding them again.
         prompt_ids = self.tokenizer.encode(text, add_special_tokens=False)
         params = chat_sampling_params(params, self.tokenizer, chat_template)
-        async for delta in self.stream(prompt_ids, params, request_id):
+        async for delta in self.stream(prompt_ids, params, request_id, priority=priority):
             yield delta
 
     async def complete(self, prompt: Prompt, params: SamplingParams | None = None,
-                       request_id: str | None = None) -> RequestOutput:
+                       request_id: str | None = None, *, priority: int = 0) -> RequestOutput:
         """Run one request to its end and return the final output (cumulative text and token ids)."""
-        stream = self._add_request(prompt, _with_output_kind(params, RequestOutputKind.FINAL_ONLY), request_id)
+        stream = self._add_request(prompt, _with_output_kind(params, RequestOutputKind.FINAL_ONLY), request_id,
+                                   priority)
         try:
             while True:
                 output = await stream.get()
@@ -206,7 +212,7 @@ class AsyncLLM:
         """Abort a request: the engine frees it, and its stream ends with a final output (finish_reason 'abort')."""
         client = self._require_client()
         self._drain_deferred()
-        client.abort_requests([request_id])
+        client.abort_requests(self.output_processor.engine_request_ids([request_id]))
         self._busy = True
         try:
             finals = self.output_processor.abort_requests([request_id])
@@ -229,7 +235,7 @@ class AsyncLLM:
     @property
     def num_unfinished_requests(self) -> int:
         """Requests this front end still tracks (0 once every request has ended)."""
-        return len(self.output_processor.request_states) if self._client is not None else 0
+        return self.output_processor.get_num_unfinished_requests() if self._client is not None else 0
 
     # ------------------------------------------------------------------------------------------- internals
     def _require_client(self) -> AsyncMPClient:
@@ -240,22 +246,25 @@ class AsyncLLM:
         self._client.engine.raise_if_dead()
         return self._client
 
-    def _add_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None) -> RequestStream:
+    def _add_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None,
+                     priority: int = 0) -> RequestStream:
         client = self._require_client()
         self._drain_deferred()
         rid = uuid.uuid4().hex if request_id is None else request_id
-        request = self.processor.process_inputs(rid, prompt, params)
+        request = self.processor.process_inputs(rid, prompt, params, priority=priority)
         self._busy = True
         try:
-            self.output_processor.add_request(request, prompt if isinstance(prompt, str) else None)
+            engine_requests = self.output_processor.add_request(request, prompt if isinstance(prompt, str) else None)
             stream = RequestStream(rid, request.sampling_params.output_kind)
             stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), rid)
             self._streams[rid] = stream
             try:
-                client.add_request(request)
+                for engine_request in engine_requests:
+                    client.add_request(engine_request)
             except BaseException:
                 stream.detach()
                 self._streams.pop(rid, None)
+                client.abort_requests([r.request_id for r in engine_requests])
                 self.output_processor.abort_requests([rid])
                 raise
         finally:
@@ -272,7 +281,7 @@ class AsyncLLM:
         if self._client is None or self._streams.get(rid) is not stream:
             return
         stream.detach()
-        self._client.abort_requests([rid])
+        self._client.abort_requests(self.output_processor.engine_request_ids([rid]))
         if threading.get_ident() == self._loop_thread and not self._busy:
             self._drop(rid, stream)
         else:
@@ -282,7 +291,7 @@ class AsyncLLM:
         # A finalizer may run in any thread, or inside a section of the loop's thread that walks the front-end
         # state: only the (thread-safe) engine abort happens now, the state is dropped later on the loop.
         if self._client is not None:
-            self._client.abort_requests([request_id])
+            self._client.abort_requests(self.output_processor.engine_request_ids([request_id]))
             self._deferred_drops.append((request_id, None))
 
     def _drop(self, request_id: str, stream: RequestStream | None) -> None:
@@ -319,12 +328,16 @@ class AsyncLLM:
     def _process(self, outs: EngineCoreOutputs) -> None:
         self._drain_deferred()
         for err in outs.input_errors:
-            stream = self._streams.pop(err.request_id, None) if err.request_id is not None else None
+            rid = self.output_processor.request_id_of(err.request_id) if err.request_id is not None else None
+            stream = self._streams.pop(rid, None) if rid is not None else None
             if stream is None:
                 logger.warning("The vx engine refused an input message: %s", err.message)
                 continue
             stream.detach()
-            self.output_processor.abort_requests([stream.request_id])
+            siblings = [e for e in self.output_processor.engine_request_ids([rid]) if e != err.request_id]
+            if siblings:  # the other samples of an n > 1 request
+                self._client.abort_requests(siblings)
+            self.output_processor.abort_requests([rid])
             stream.fail(EngineGenerateError(f"The engine refused request {stream.request_id!r}: {err.message}"))
         if not outs.outputs:
             return
@@ -349,7 +362,7 @@ class AsyncLLM:
             self._streams.clear()
             self._deferred_drops.clear()
             if self._client is not None:
-                self.output_processor.abort_requests(list(self.output_processor.request_states))
+                self.output_processor.abort_requests(self.output_processor.request_ids())
             for stream in streams:
                 stream.detach()
                 copy = EngineDeadError(str(error))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import logging
 import time
 from abc import ABC, abstractmethod
 from typing import Any
@@ -21,17 +20,13 @@ import zmq
 from vx.client.engine_process import DEATH_GRACE_S, EngineProcess, engine_args_from_config
 from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import (
-    EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineCoreRequestType,
-    FinishReason,
     UtilityOutput,
     UtilityRequest,
 )
 from vx.outputs import EngineStats
-
-logger = logging.getLogger(__name__)
 
 
 class EngineCoreClient(ABC):
@@ -118,7 +113,7 @@ class SyncMPClient(EngineCoreClient):
         while True:
             outs = self._outputs.popleft() if self._outputs else self._recv()
             if outs.outputs or outs.input_errors:
-                return _inputs_errors_as_aborts(outs)
+                return outs  # LLMEngine raises for the requests the engine refused
 
     def call_utility(self, method: str, *args: Any) -> Any:
         """Call an engine method by name (e.g. "stats") and return its msgpack-able result."""
@@ -289,17 +284,3 @@ class AsyncMPClient(EngineCoreClient):
     def shutdown(self) -> None:
         """Blocking: stop the engine gracefully and release everything. Stop the reader and watcher first."""
         self.engine.close()
-
-
-def _inputs_errors_as_aborts(outs: EngineCoreOutputs) -> EngineCoreOutputs:
-    """Sync front ends know no per-request errors: a refused request ends as aborted (and is logged)."""
-    if not outs.input_errors:
-        return outs
-    extra = []
-    for err in outs.input_errors:
-        logger.error("The vx engine refused a message: %s", err.message)
-        if err.request_id is not None:
-            extra.append(EngineCoreOutput(request_id=err.request_id, new_token_ids=[],
-                                          finish_reason=FinishReason.ABORT))
-    return EngineCoreOutputs(outputs=list(outs.outputs) + extra, timestamp=outs.timestamp)
-

@@ -36,9 +36,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order.
 
+        `priority` (one per prompt) matters with `scheduling_policy="priority"`: lower values run first.
         All prompts are validated before any is queued, so one bad prompt raises ValueError and
         nothing runs.
         """
@@ -55,15 +57,18 @@ class LLM:
             if not isinstance(p, SamplingParams):
                 raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
         params_list = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY) for p in params_list]
+        priorities = [0] * len(prompt_list) if priority is None else list(priority)
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"Got {len(prompt_list)} prompts but {len(priorities)} priorities.")
 
         engine = self.llm_engine
-        requests = [engine.processor.process_inputs(str(next(self._counter)), prompt, params)
-                    for prompt, params in zip(prompt_list, params_list)]
+        requests = [engine.processor.process_inputs(str(next(self._counter)), prompt, params, priority=prio)
+                    for prompt, params, prio in zip(prompt_list, params_list, priorities)]
         order = {r.request_id: i for i, r in enumerate(requests)}
         results: list[RequestOutput | None] = [None] * len(requests)
         for req, prompt in zip(requests, prompt_list):
-            engine.output_processor.add_request(req, prompt if isinstance(prompt, str) else None)
-            engine.engine_core.add_request(req)
+            for engine_request in engine.output_processor.add_request(req, prompt if isinstance(prompt, str) else None):
+                engine.engine_core.add_request(engine_request)
         bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
         try:
             while engine.has_unfinished_requests():

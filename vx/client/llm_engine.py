@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from vx.client.core_client import EngineCoreClient, InprocClient
@@ -9,8 +10,12 @@ from vx.client.output_processor import OutputProcessor
 from vx.client.processor import Processor
 from vx.client.tokenizer import load_tokenizer
 from vx.config import EngineArgs, VxConfig
+from vx.core.protocol import InputError
+from vx.errors import EngineGenerateError
 from vx.outputs import EngineStats, RequestOutput
 from vx.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
@@ -21,6 +26,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model_config.tokenizer)
         self.processor = Processor(config.model_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
+        # Outputs of a step that raised (a request was refused), handed out by the next `step()`.
+        self._deferred_outputs: list[RequestOutput] = []
         self.engine_core: EngineCoreClient
         if multiprocess:
             from vx.client.core_client import SyncMPClient
@@ -37,28 +44,63 @@ class LLMEngine:
                     arrival_time: float | None = None, priority: int = 0) -> None:
         """Validate, tokenize and queue one request (bad input raises ValueError, nothing queued)."""
         req = self.processor.process_inputs(request_id, prompt, params, arrival_time, priority)
-        self.output_processor.add_request(req, prompt if isinstance(prompt, str) else None)
+        engine_requests = self.output_processor.add_request(req, prompt if isinstance(prompt, str) else None)
         try:
-            self.engine_core.add_request(req)
+            for engine_request in engine_requests:
+                self.engine_core.add_request(engine_request)
         except Exception:
+            self.engine_core.abort_requests([r.request_id for r in engine_requests])
             self.output_processor.abort_requests([request_id])
             raise
 
     def abort_request(self, request_ids: Iterable[str]) -> None:
         ids = list(request_ids)
+        engine_ids = self.output_processor.engine_request_ids(ids)
         self.output_processor.abort_requests(ids)
-        self.engine_core.abort_requests(ids)
+        self.engine_core.abort_requests(engine_ids)
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; returns the request outputs due now (per each request's output_kind)."""
+        """One engine step; returns the request outputs due now (per each request's output_kind).
+
+        Raises `EngineGenerateError` when the engine refused a request (e.g. its structured-output grammar does not
+        compile): that request is dropped, the others go on, and this step's outputs come with the next call.
+        """
+        if self._deferred_outputs:
+            deferred, self._deferred_outputs = self._deferred_outputs, []
+            return deferred
         outs = self.engine_core.get_output()
+        refused = self._drop_refused(outs.input_errors)
         processed = self.output_processor.process_outputs(outs.outputs)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
+        if refused is not None:
+            self._deferred_outputs = processed.request_outputs
+            raise refused
         return processed.request_outputs
 
+    def _drop_refused(self, errors: list[InputError]) -> EngineGenerateError | None:
+        """Forget the requests the engine refused; the error to raise for them (None if none was ours)."""
+        messages = []
+        dropped: set[str] = set()  # engine ids of the requests dropped here (an n > 1 request's samples)
+        op = self.output_processor
+        for err in errors:
+            if err.request_id in dropped:
+                continue  # another sample of a request already failed
+            if err.request_id is None or err.request_id not in op.request_states:
+                logger.error("The vx engine refused a message: %s", err.message)
+                continue
+            rid = op.request_id_of(err.request_id)  # an n > 1 request fails whole: its other samples stop too
+            engine_ids = op.engine_request_ids([rid])
+            dropped.update(engine_ids)
+            siblings = [e for e in engine_ids if e != err.request_id]
+            if siblings:
+                self.engine_core.abort_requests(siblings)
+            op.abort_requests([rid])
+            messages.append(f"The engine refused request {rid!r}: {err.message}")
+        return EngineGenerateError("\n".join(messages)) if messages else None
+
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished_requests()
+        return self.output_processor.has_unfinished_requests() or bool(self._deferred_outputs)
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()

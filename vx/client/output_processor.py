@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from vx.client.detokenizer import IncrementalDetokenizer
-from vx.core.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
-from vx.outputs import CompletionOutput, RequestOutput
+from vx.client.parallel_sampling import ParentRequest
+from vx.core.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, TokenLogprobs
+from vx.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vx.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -27,8 +28,10 @@ class ProcessedOutputs:
 class RequestState:
     """Everything the client tracks for one in-flight request."""
 
-    def __init__(self, request: EngineCoreRequest, prompt: str | None, tokenizer: Any) -> None:
+    def __init__(self, request: EngineCoreRequest, prompt: str | None, tokenizer: Any,
+                 parent: ParentRequest | None = None) -> None:
         self.request_id = request.request_id
+        self.parent = parent  # set for a child of an n > 1 request: its outputs go through the parent
         self.prompt = prompt
         self.prompt_token_ids = list(request.prompt_token_ids)
         self.params: SamplingParams = request.sampling_params
@@ -47,6 +50,12 @@ class RequestState:
         self.num_cached_tokens = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        # Logprobs, when asked for: one dict per output token (aligned with token_ids), and of the prompt.
+        self.logprobs: list[PositionLogprobs] | None = [] if self.params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if self.params.logprobs is not None else None
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = \
+            [None] if self.params.prompt_logprobs is not None else None
+        self.sent_prompt_logprobs = False
 
     @property
     def finished(self) -> bool:
@@ -92,13 +101,26 @@ class RequestState:
         if self.output_kind == RequestOutputKind.FINAL_ONLY and not self.finished:
             return None
         end = self.visible_len()
+        logprobs = self.logprobs
+        prompt_logprobs = self.prompt_logprobs
         if self.output_kind == RequestOutputKind.DELTA:
             text, ids = self.text[self.sent_text:end], self.token_ids[self.sent_tokens:]
+            if logprobs is not None:
+                logprobs = logprobs[self.sent_tokens:]
+            if self.sent_prompt_logprobs:
+                prompt_logprobs = None  # a delta carries the prompt's logprobs once
             self.sent_text, self.sent_tokens = end, len(self.token_ids)
         else:
             text, ids = self.text[:end], list(self.token_ids)
+            if logprobs is not None:
+                logprobs = list(logprobs)
+        # Sent once they are complete: with the first token (or the end, for a request that never got one).
+        if prompt_logprobs is not None and not (self.token_ids or self.finished):
+            prompt_logprobs = None
+        self.sent_prompt_logprobs = self.sent_prompt_logprobs or prompt_logprobs is not None
         completion = CompletionOutput(
-            index=0, text=text, token_ids=ids, finish_reason=self.finish_reason, stop_reason=self.stop_reason
+            index=0, text=text, token_ids=ids, finish_reason=self.finish_reason, stop_reason=self.stop_reason,
+            cumulative_logprob=self.cumulative_logprob, logprobs=logprobs,
         )
         return RequestOutput(
             request_id=self.request_id,
@@ -107,29 +129,101 @@ class RequestState:
             outputs=[completion],
             finished=self.finished,
             num_cached_tokens=self.num_cached_tokens,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def add_logprobs(self, new: TokenLogprobs, decode: Any) -> None:
+        """Record the logprobs of the tokens just appended."""
+        if self.logprobs is None:
+            return
+        positions = to_position_logprobs(new, decode)
+        self.logprobs.extend(positions)
+        self.cumulative_logprob += sum(lp[0] for lp in new.logprobs)
+
+    def add_prompt_logprobs(self, prompt: TokenLogprobs, decode: Any) -> None:
+        """The prompt's logprobs, all positions but the first (nothing predicts it)."""
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = [None, *to_position_logprobs(prompt, decode)]
+
+
+def to_position_logprobs(tl: TokenLogprobs, decode: Any) -> list[PositionLogprobs]:
+    """One {token id: Logprob} per position: the chosen token with its rank, then the top-k with ranks 1..k."""
+    out = []
+    for ids, lps, rank in zip(tl.token_ids, tl.logprobs, tl.ranks):
+        position = {tid: Logprob(lp, r, decode(tid)) for r, (tid, lp) in enumerate(zip(ids[1:], lps[1:]), 1)}
+        position.setdefault(ids[0], Logprob(lps[0], rank, decode(ids[0])))
+        # The chosen token first, as vLLM lists it.
+        out.append({ids[0]: position.pop(ids[0]), **position})
+    return out
 
 
 class OutputProcessor:
-    """Client-side output path: per-request detokenization, stop strings and output shaping."""
+    """Client-side output path: per-request detokenization, stop strings, logprobs and output shaping.
+
+    A request with n > 1 is tracked as a `ParentRequest` over n child states (one per engine request); the
+    application only ever sees the parent's id.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer  # a fast HF tokenizer, or None to return token ids only (text stays '')
-        self.request_states: dict[str, RequestState] = {}
+        self.request_states: dict[str, RequestState] = {}  # by engine request id
+        self.parent_requests: dict[str, ParentRequest] = {}  # n > 1 requests, by the application's id
+        self._token_text: dict[int, str] = {}  # decoded single tokens, for logprobs
 
-    def add_request(self, request: EngineCoreRequest, prompt: str | None = None) -> None:
-        """Start tracking `request` (as sent to the engine); `prompt` is the original text, if any."""
-        if request.request_id in self.request_states:
-            raise ValueError(f"Request id {request.request_id!r} is already in flight; request ids must be unique.")
-        self.request_states[request.request_id] = RequestState(request, prompt, self.tokenizer)
+    def add_request(self, request: EngineCoreRequest, prompt: str | None = None) -> list[EngineCoreRequest]:
+        """Start tracking `request`; `prompt` is the original text, if any. Returns the requests to send to the
+        engine: `request` itself, or its n children when `n > 1`."""
+        rid = request.request_id
+        if rid in self.request_states or rid in self.parent_requests:
+            raise ValueError(f"Request id {rid!r} is already in flight; request ids must be unique.")
+        if request.sampling_params.n == 1:
+            self.request_states[rid] = RequestState(request, prompt, self.tokenizer)
+            return [request]
+        parent = ParentRequest(request, prompt)
+        children = parent.child_requests()
+        clash = [c.request_id for c in children if c.request_id in self.request_states]
+        if clash:
+            raise ValueError(f"Request id {clash[0]!r} (a child of {rid!r}) is already in flight.")
+        self.parent_requests[rid] = parent
+        for child in children:
+            self.request_states[child.request_id] = RequestState(child, prompt, self.tokenizer, parent)
+        return children
+
+    def engine_request_ids(self, request_ids: Iterable[str]) -> list[str]:
+        """The engine's ids for the application's ids (an n > 1 request is its children)."""
+        out: list[str] = []
+        for rid in request_ids:
+            parent = self.parent_requests.get(rid)
+            out.extend(parent.child_ids if parent is not None else (rid,))
+        return out
+
+    def request_ids(self) -> list[str]:
+        """The application's ids of every request still tracked."""
+        return [*self.parent_requests, *(rid for rid, s in self.request_states.items() if s.parent is None)]
+
+    def request_id_of(self, engine_request_id: str) -> str:
+        """The application's id for an engine request id (a child's parent)."""
+        state = self.request_states.get(engine_request_id)
+        if state is not None and state.parent is not None:
+            return state.parent.request_id
+        return engine_request_id
 
     def has_unfinished_requests(self) -> bool:
         """True while some request still awaits outputs."""
         return bool(self.request_states)
 
     def get_num_unfinished_requests(self) -> int:
-        """How many requests still await outputs."""
-        return len(self.request_states)
+        """How many requests (as the application counts them) still await outputs."""
+        if not self.parent_requests:
+            return len(self.request_states)
+        return len(self.parent_requests) + sum(1 for s in self.request_states.values() if s.parent is None)
+
+    def _decode_token(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
+            self._token_text[token_id] = text
+        return text
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         """Apply one batch of engine outputs; return the outputs now due and the requests to abort in the engine.
@@ -143,7 +237,11 @@ class OutputProcessor:
                 continue
             if out.num_cached_tokens:
                 state.num_cached_tokens = out.num_cached_tokens
+            if out.prompt_logprobs is not None:
+                state.add_prompt_logprobs(out.prompt_logprobs, self._decode_token)
             state.append(list(out.new_token_ids), out.finish_reason)
+            if out.new_logprobs is not None:
+                state.add_logprobs(out.new_logprobs, self._decode_token)
             if state.finished:  # a stop string matched
                 if out.finish_reason is None:
                     result.reqs_to_abort.append(out.request_id)
@@ -151,23 +249,39 @@ class OutputProcessor:
                 state.finish_reason = str(FinishReason(out.finish_reason))
                 state.stop_reason = out.stop_reason
             request_output = state.make_output()
-            if request_output is not None:
-                result.request_outputs.append(request_output)
             if state.finished:
                 del self.request_states[out.request_id]
+            if request_output is not None and state.parent is not None:
+                request_output = state.parent.add_child_output(out.request_id, request_output)
+                if state.parent.finished:
+                    self.parent_requests.pop(state.parent.request_id, None)
+            if request_output is not None:
+                result.request_outputs.append(request_output)
         return result
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestOutput]:
-        """Drop the given requests; return a final output (finish_reason 'abort') for each one that was known."""
+        """Drop the given requests (the application's ids); return a final output (finish_reason 'abort') for
+        each one that was known."""
         finals: list[RequestOutput] = []
         for rid in request_ids:
-            state = self.request_states.pop(rid, None)
-            if state is None:
+            parent = self.parent_requests.pop(rid, None)
+            if parent is None:
+                final = self._abort_state(rid)
+                if final is not None:
+                    finals.append(final)
                 continue
-            if state.detokenizer is not None:
-                state.text += state.detokenizer.flush()
-            state.finish_reason, state.stop_reason = "abort", None
-            request_output = state.make_output()
-            if request_output is not None:
-                finals.append(request_output)
+            for cid in parent.child_ids:  # the last output is the parent's final one
+                child_final = self._abort_state(cid)
+                output = parent.add_child_output(cid, child_final) if child_final is not None else None
+                if output is not None:
+                    finals.append(output)
         return finals
+
+    def _abort_state(self, engine_request_id: str) -> RequestOutput | None:
+        state = self.request_states.pop(engine_request_id, None)
+        if state is None:
+            return None
+        if state.detokenizer is not None:
+            state.text += state.detokenizer.flush()
+        state.finish_reason, state.stop_reason = "abort", None
+        return state.make_output()

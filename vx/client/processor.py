@@ -6,13 +6,14 @@ so a bad request never reaches (or disturbs) the engine.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from vx.client.tokenizer import eos_token_ids
 from vx.config import ModelConfig
 from vx.core.protocol import EngineCoreRequest
-from vx.sampling_params import SamplingParams
+from vx.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class Processor:
@@ -44,8 +45,6 @@ class Processor:
             raise ValueError(f"params must be a vx.SamplingParams or None, got {type(params).__name__}.")
         else:
             params.verify()  # fields may have been changed in place since construction
-        if params.n != 1:
-            raise ValueError(f"n={params.n} is not supported yet: only n=1 (one sequence per request) is.")
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority must be an int32, got {type(priority).__name__} {priority!r}.")
         if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float))):
@@ -66,6 +65,8 @@ class Processor:
         if params.logit_bias:
             self._check_token_ids("logit_bias key", list(params.logit_bias))
         bad_words_token_ids = self._tokenize_bad_words(params.bad_words) if params.bad_words else None
+        if params.structured_outputs is not None:
+            check_structured_outputs(params.structured_outputs)
 
         room = max_len - prompt_len
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -127,3 +128,20 @@ class Processor:
                 raise ValueError(f"{what} at position {i} must be an int, got {type(t).__name__} {t!r}.")
             if not 0 <= t < vocab:
                 raise ValueError(f"{what} {t} (position {i}) is outside the model's vocabulary [0, {vocab}).")
+
+
+def check_structured_outputs(so: StructuredOutputsParams) -> None:
+    """The structured-output checks that need no grammar compiler (xgrammar lives in the engine process, which
+    compiles the grammar and refuses the request if it does not compile): `ValueError` when one fails."""
+    if so.json is not None:
+        try:
+            schema = json.loads(so.json) if isinstance(so.json, str) else json.loads(json.dumps(so.json))
+        except (TypeError, ValueError) as e:  # not JSON text / not JSON-serializable
+            raise ValueError(f"structured_outputs.json is not a valid JSON schema: {e}") from None
+        if not isinstance(schema, dict):
+            raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(schema).__name__}.")
+    if so.choice is not None and any(c == "" for c in so.choice):
+        raise ValueError("structured_outputs.choice entries must be non-empty strings.")
+    for name in ("regex", "grammar"):
+        if "\x00" in (getattr(so, name) or ""):
+            raise ValueError(f"structured_outputs.{name} must not contain a NUL character.")

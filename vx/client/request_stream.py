@@ -82,4 +82,5 @@ def merge_delta(older: RequestOutput, newer: RequestOutput) -> RequestOutput:
             cumulative_logprob=new.cumulative_logprob, logprobs=logprobs))
     merged.extend(by_index.values())  # sequences without news in `newer` keep theirs
     merged.sort(key=lambda c: c.index)
-    return dataclasses.replace(newer, outputs=merged, metrics={**older.metrics, **newer.metrics})
+    return dataclasses.replace(newer, outputs=merged, metrics={**older.metrics, **newer.metrics},
+                               prompt_logprobs=newer.prompt_logprobs or older.prompt_logprobs)

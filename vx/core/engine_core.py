@@ -39,9 +39,13 @@ from vx.core.protocol import (
 )
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
+from vx.core.structured_output import StructuredOutputManager
 from vx.outputs import EngineStats
 
 logger = logging.getLogger(__name__)
+
+# The longest a step that could run nothing waits for a grammar compile before the engine looks at its inputs again.
+_GRAMMAR_WAIT_S = 0.05
 
 
 class EngineCore:
@@ -55,7 +59,10 @@ class EngineCore:
         self.executor.initialize_kv_cache(num_blocks)
         cc = config.cache_config
         self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config, cc, self.kv_cache_manager)
+        # Costs nothing until a request asks for structured output (xgrammar loads lazily).
+        self.structured_output_manager = StructuredOutputManager(config.model_config)
+        self.scheduler = Scheduler(config.scheduler_config, cc, self.kv_cache_manager,
+                                   self.structured_output_manager)
         self.num_kv_blocks = num_blocks
         logger.info("vx engine ready in %.2fs: %d KV blocks of %d tokens", time.perf_counter() - t0,
                     num_blocks, cc.block_size)
@@ -77,7 +84,12 @@ class EngineCore:
             return EngineCoreOutputs(timestamp=time.monotonic())
         so = self.scheduler.schedule()
         runner_out = self.executor.execute_model(so)
-        return self.scheduler.update_from_output(so, runner_out)
+        outputs = self.scheduler.update_from_output(so, runner_out)
+        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_pending:
+            # Nothing could run: what waits, waits for its grammar. Sleep until a compile ends instead of spinning
+            # (briefly: new requests and aborts are only read between steps).
+            self.structured_output_manager.wait_for_compile(timeout=_GRAMMAR_WAIT_S)
+        return outputs
 
     def stats(self) -> EngineStats:
         """A snapshot of queues, KV blocks and counters."""
@@ -98,6 +110,7 @@ class EngineCore:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        self.structured_output_manager.shutdown()
         self.executor.shutdown()
 
 
@@ -179,7 +192,7 @@ class EngineCoreProc:
                 return
             if core.has_unfinished_requests():
                 outputs = core.step()
-                if outputs.outputs:
+                if outputs.outputs or outputs.input_errors:
                     self.output_queue.put(outputs)
 
     def _handle(self, item: tuple[Any, Any]) -> None:

@@ -34,6 +34,32 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     bad_words_token_ids: list[list[int]] | None = None
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
+    """Logprobs at consecutive positions: per position, the chosen (or prompt) token first, then the top-k.
+
+    Raw: the log-softmax of the model's logits, before penalties, temperature or any other processing (as vLLM's
+    default). `ranks[j]` is the chosen token's rank at position j (1 = most likely).
+    """
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def slice(self, start: int, stop: int | None = None) -> "TokenLogprobs":
+        """The positions [start, stop)."""
+        return TokenLogprobs(token_ids=self.token_ids[start:stop], logprobs=self.logprobs[start:stop],
+                             ranks=self.ranks[start:stop])
+
+    def extend(self, other: "TokenLogprobs") -> None:
+        """Append `other`'s positions."""
+        self.token_ids.extend(other.token_ids)
+        self.logprobs.extend(other.logprobs)
+        self.ranks.extend(other.ranks)
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
     """New tokens of one request from one engine step, and its end if it ended."""
 
@@ -42,6 +68,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    new_logprobs: TokenLogprobs | None = None  # one position per new token, when `logprobs` was asked for
+    # All the prompt's positions but the first, with the first new token, when `prompt_logprobs` was asked for.
+    prompt_logprobs: TokenLogprobs | None = None
 
     @property
     def finished(self) -> bool:

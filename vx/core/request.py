@@ -46,7 +46,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
         "priority", "status", "output_token_ids", "all_token_ids", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "stop_reason", "num_preemptions", "max_tokens",
-        "bad_words_token_ids",
+        "bad_words_token_ids", "prompt_logprobs",
     )
 
     def __init__(
@@ -74,6 +74,7 @@ class Request:
         self.block_hashes: list = []  # filled incrementally by the KV cache manager
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
+        self.prompt_logprobs = None  # TokenLogprobs gathered until the first output token carries them
         mt = sampling_params.max_tokens
         self.max_tokens = mt if mt is not None else 2**62
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
-from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs
+from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs, InputError, TokenLogprobs
 from vx.core.request import Request, RequestStatus
 from vx.core.request_queue import make_request_queue
 from vx.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from vx.core.structured_output import StructuredOutputManager
 
 
 class Scheduler:
@@ -26,7 +29,8 @@ class Scheduler:
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 kv_cache_manager: KVCacheManager) -> None:
+                 kv_cache_manager: KVCacheManager,
+                 structured_output_manager: StructuredOutputManager | None = None) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = kv_cache_manager
@@ -38,6 +42,10 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.num_steps = 0
+        # Structured output (None: requests with `structured_outputs` are refused). Requests whose grammar
+        # failed to compile are ended and reported through `_refused` with the next step's outputs.
+        self.structured_output_manager = structured_output_manager
+        self._refused: list[InputError] = []
 
     # ---------------------------------------------------------------- intake
     def add_request(self, request: Request) -> None:
@@ -45,6 +53,14 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id!r} is already running; ids must be unique "
                              "among live requests.")
+        so = request.sampling_params.structured_outputs
+        if so is not None:
+            if self.structured_output_manager is None:
+                raise ValueError("structured_outputs is not supported by this scheduler (it has no "
+                                 "StructuredOutputManager).")
+            # The grammar compiles in the background; the request is admitted once it is ready.
+            stop_ids = sorted(request.eos_token_ids) + list(request.sampling_params.stop_token_ids or [])
+            self.structured_output_manager.add_request(request.request_id, so, stop_ids)
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -77,6 +93,10 @@ class Scheduler:
         kv = self.kv_cache_manager
         scheduled: list[ScheduledRequest] = []
         preempted_ids: set[str] = set()
+        so_mgr = self.structured_output_manager
+        if so_mgr is not None and so_mgr.num_pending:
+            for req_id, message in so_mgr.update():  # compiles that finished since the last step
+                self._refuse(req_id, message)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -113,9 +133,16 @@ class Scheduler:
             i += 1
 
         if not preempted_ids:
+            skipped: list[Request] = []  # their grammar still compiles: the requests behind them go first
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting.peek()
-                computed_blocks, num_computed = kv.get_computed_blocks(req)
+                if so_mgr is not None and not so_mgr.is_ready(req.request_id):
+                    skipped.append(self.waiting.pop())
+                    continue
+                if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
+                    computed_blocks, num_computed = [], 0  # every prompt position must run to get its logprobs
+                else:
+                    computed_blocks, num_computed = kv.get_computed_blocks(req)
                 num_new = req.num_tokens - num_computed
                 if not self.config.enable_chunked_prefill and num_new > budget:
                     break
@@ -138,6 +165,8 @@ class Scheduler:
                 budget -= num_new
                 if resumed:
                     preempted_ids.discard(req.request_id)
+            for req in reversed(skipped):
+                self.waiting.prepend(req)
 
         total = 0
         for sr in scheduled:
@@ -146,6 +175,12 @@ class Scheduler:
             total += n
         out = SchedulerOutput(scheduled, total, self.finished_req_ids, preempted_ids)
         self.finished_req_ids = set()
+        if so_mgr is not None and so_mgr.num_requests:
+            # One bitmask for every constrained row that samples this step.
+            out.grammar_req_ids = [sr.req_id for sr in scheduled
+                                   if sr.samples and sr.sampling_params.structured_outputs is not None]
+            if out.grammar_req_ids:
+                out.grammar_bitmask = so_mgr.grammar_bitmask(out.grammar_req_ids)
         return out
 
     def _pop_victim(self) -> tuple[Request, int]:
@@ -171,12 +206,21 @@ class Scheduler:
         self.num_steps += 1
         outputs: list[EngineCoreOutput] = []
         finished: list[str] = []
-        for req_id, token in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        if runner_output.prompt_logprobs:
+            self._collect_prompt_logprobs(runner_output.prompt_logprobs)
+        row_logprobs = runner_output.logprobs
+        for row, (req_id, token) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
             req = self.requests.get(req_id)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # aborted while its step was in flight
+            prompt_logprobs = None
+            if req.prompt_logprobs is not None and not req.output_token_ids:
+                prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs, None  # sent once, with the first token
             req.append_output_token_id(token)
             status = self._check_stop(req, token)
+            if (status is None and req.sampling_params.structured_outputs is not None
+                    and self.structured_output_manager.accept_token(req_id, token)):
+                status = RequestStatus.FINISHED_STOPPED  # its grammar is complete and a stop token ended it
             if status is not None:
                 self.running.remove(req)
                 req.status = status
@@ -184,8 +228,28 @@ class Scheduler:
                 finished.append(req_id)
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=[token], finish_reason=req.status.finish_reason,
-                stop_reason=req.stop_reason, num_cached_tokens=max(req.num_cached_tokens, 0)))
-        return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic(), finished_requests=finished)
+                stop_reason=req.stop_reason, num_cached_tokens=max(req.num_cached_tokens, 0),
+                new_logprobs=row_logprobs[row] if row_logprobs is not None else None,
+                prompt_logprobs=prompt_logprobs))
+        refused, self._refused = self._refused, []
+        return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic(), finished_requests=finished,
+                                 input_errors=refused)
+
+    def _collect_prompt_logprobs(self, chunks: dict[str, tuple[int, TokenLogprobs]]) -> None:
+        """Gather each request's prompt logprobs, chunk by chunk, until its first token carries them out.
+
+        A chunk starts at the prompt position it was computed from; positions collected before (the request was
+        preempted and recomputed them) are not added twice.
+        """
+        for req_id, (start, chunk) in chunks.items():
+            req = self.requests.get(req_id)
+            if req is None or req.output_token_ids:
+                continue
+            if req.prompt_logprobs is None:
+                req.prompt_logprobs = TokenLogprobs(token_ids=[], logprobs=[], ranks=[])
+            have = len(req.prompt_logprobs)
+            if start + len(chunk) > have:
+                req.prompt_logprobs.extend(chunk.slice(have - start) if have > start else chunk)
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
@@ -204,3 +268,15 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         self.finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
+        if req.sampling_params.structured_outputs is not None and self.structured_output_manager is not None:
+            self.structured_output_manager.remove_request(req.request_id)
+
+    def _refuse(self, req_id: str, message: str) -> None:
+        """End a waiting request whose grammar failed to compile; its caller hears why with the next outputs."""
+        req = self.requests.get(req_id)
+        if req is None:
+            return
+        self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED_ABORTED
+        self._free(req)
+        self._refused.append(InputError(message=message, request_id=req_id))

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from vx.core.protocol import TokenLogprobs
 from vx.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -42,6 +47,10 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]  # ended since the last step: the runner drops their state
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Structured output: row i of `grammar_bitmask` (int32 [len(grammar_req_ids), ceil(vocab / 32)], bit t set =
+    # token t allowed) masks the logits of request `grammar_req_ids[i]`, one of the requests that sample now.
+    grammar_req_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -54,7 +63,10 @@ class ModelRunnerOutput:
 
     req_ids: list[str]
     sampled_token_ids: list[int]
-    logprobs: list | None = None
+    # Per sampling row, when some row asked for `logprobs`: that row's logprobs (None for rows that did not).
+    logprobs: list[TokenLogprobs | None] | None = None
+    # req id -> (first prompt position, logprobs of the prompt tokens that follow), for `prompt_logprobs` rows.
+    prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] | None = None
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from vx.config import VxConfig
+from vx.core.protocol import TokenLogprobs
 from vx.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.backend import CommonAttentionMetadata
+from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import InputBatch
 from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
-from vx.gpu.sampler import Sampler
+from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
 from vx.models.loader import DefaultModelLoader
 
@@ -80,9 +83,13 @@ class ModelRunner:
         attn_metadata = self.attn_backend.build_metadata(common)
         hidden = self.model(inp.input_ids.to(dev, non_blocking=True),
                             inp.positions.to(dev, non_blocking=True), attn_metadata)
+        prompt_logprobs = self._prompt_logprobs(so, inp.query_start_loc, hidden)
         if not inp.sampling_req_ids:
-            return ModelRunnerOutput.empty()
+            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs)
         logits = self.model.compute_logits(hidden[inp.logits_indices.to(dev)])
+        if so.grammar_bitmask is not None:
+            # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
+            apply_grammar_bitmask(logits, so.grammar_bitmask, so.grammar_req_ids, inp.sampling_req_ids)
         states = inp.sampling_states
         generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
         meta = SamplingMetadata.build(
@@ -91,6 +98,58 @@ class ModelRunner:
             prompt_token_ids=[s.prompt_token_ids for s in states],
             eos_token_ids=[s.eos_token_ids for s in states],
             bad_words_token_ids=[s.bad_words_token_ids for s in states])
-        sampled = self.sampler(logits, meta).sampled_token_ids.tolist()
+        sampler_output = self.sampler(logits, meta)
+        sampled = sampler_output.sampled_token_ids.tolist()
         self.input_batch.append_sampled(states, sampled)
-        return ModelRunnerOutput(inp.sampling_req_ids, sampled)
+        row_logprobs = None
+        if sampler_output.logprobs is not None:
+            row_logprobs = _split_logprobs(sampler_output.logprobs,
+                                           [s.sampling_params.logprobs for s in states])
+        return ModelRunnerOutput(inp.sampling_req_ids, sampled, row_logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(self, so: SchedulerOutput, query_start_loc: np.ndarray,
+                         hidden: torch.Tensor) -> dict[str, tuple[int, TokenLogprobs]] | None:
+        """Logprobs of the prompt tokens this step computed, for the requests that asked for `prompt_logprobs`.
+
+        The hidden state at prompt position p predicts prompt token p + 1; the last prompt position predicts the
+        first output token instead, so it is left out. A request that already generated (resumed after a
+        preemption) was served its prompt logprobs before and is skipped.
+        """
+        wanted: list[tuple[str, int, list[int], int]] = []  # (req id, first position, targets, k)
+        rows: list[torch.Tensor] = []
+        for i, sr in enumerate(so.scheduled):
+            state = self.input_batch.states[sr.req_id]
+            k = state.sampling_params.prompt_logprobs
+            if k is None or state.output_token_ids:
+                continue
+            prompt = state.prompt_token_ids
+            start = sr.num_computed_tokens
+            end = min(start + len(sr.token_ids), len(prompt) - 1)
+            if end <= start:
+                continue
+            first_row = int(query_start_loc[i])
+            rows.append(torch.arange(first_row, first_row + end - start))
+            wanted.append((sr.req_id, start, prompt[start + 1:end + 1], k))
+        if not wanted:
+            return None
+        logprobs = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)]).float().log_softmax(dim=-1)
+        targets = torch.tensor([t for w in wanted for t in w[2]], dtype=torch.int64, device=self.device)
+        gathered = gather_logprobs(logprobs, targets, max(w[3] for w in wanted))
+        per_position = _split_logprobs(gathered, [k for w in wanted for k in [w[3]] * len(w[2])])
+        out: dict[str, tuple[int, TokenLogprobs]] = {}
+        offset = 0
+        for req_id, start, targets_of_req, _ in wanted:
+            positions = per_position[offset:offset + len(targets_of_req)]
+            offset += len(targets_of_req)
+            out[req_id] = (start, TokenLogprobs(token_ids=[p.token_ids[0] for p in positions],
+                                                logprobs=[p.logprobs[0] for p in positions],
+                                                ranks=[p.ranks[0] for p in positions]))
+        return out
+
+
+def _split_logprobs(tensors: LogprobsTensors, ks: list[int | None]) -> list[TokenLogprobs | None]:
+    """One single-position `TokenLogprobs` per row, cut to that row's own k (None where k is None)."""
+    ids, lps, ranks = tensors.token_ids.tolist(), tensors.logprobs.tolist(), tensors.ranks.tolist()
+    return [None if k is None else TokenLogprobs(token_ids=[ids[r][:k + 1]], logprobs=[lps[r][:k + 1]],
+                                                 ranks=[ranks[r]])
+            for r, k in enumerate(ks)]

@@ -27,7 +27,17 @@ class SamplerOutput:
     """What the sampler gives back for one step."""
 
     sampled_token_ids: torch.Tensor  # int64 [B]
-    logprobs: torch.Tensor | None = None  # reserved for top-logprobs; None for now
+    # When some row asked for `logprobs` (k = the most asked for): see `gather_logprobs`.
+    logprobs: "LogprobsTensors | None" = None
+
+
+@dataclass
+class LogprobsTensors:
+    """Per row: the chosen token then the top-k tokens, their raw logprobs, and the chosen token's rank."""
+
+    token_ids: torch.Tensor  # int64 [B, k + 1]
+    logprobs: torch.Tensor  # float32 [B, k + 1]
+    ranks: torch.Tensor  # int64 [B]
 
 
 class Sampler(nn.Module):
@@ -35,6 +45,14 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Token ids [B] for float logits [B, V]. Does not modify `logits`."""
+        # Raw logprobs (vLLM's default): of the model's logits, before any processing.
+        raw_logprobs = None if metadata.max_num_logprobs is None else logits.float().log_softmax(dim=-1)
+        out = self._sample(logits, metadata)
+        if raw_logprobs is not None:
+            out.logprobs = gather_logprobs(raw_logprobs, out.sampled_token_ids, metadata.max_num_logprobs)
+        return out
+
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         # float(): no-op for float32; bf16/fp16 logits would lose too much in softmax
         if metadata.logits_processors is not None:
             # The processors write in place: on a copy, never the caller's tensor.
@@ -69,6 +87,23 @@ class Sampler(nn.Module):
         if probs.device.type == "cpu":
             return inverse_cdf_sample(probs, md.generators)
         return exponential_race(probs, md.generators)
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobsTensors:
+    """For each row of `logprobs` [B, V]: the logprob and rank of `token_ids` [B], then the top-`k` tokens.
+
+    The rank counts the tokens strictly more likely than the chosen one, plus one (ties share the better rank).
+    """
+    chosen = logprobs.gather(1, token_ids.view(-1, 1))
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    k = min(k, logprobs.shape[-1])
+    if k > 0:
+        top_lp, top_ids = logprobs.topk(k, dim=-1)
+        ids = torch.cat([token_ids.view(-1, 1), top_ids], dim=1)
+        lps = torch.cat([chosen, top_lp], dim=1)
+    else:
+        ids, lps = token_ids.view(-1, 1), chosen
+    return LogprobsTensors(token_ids=ids, logprobs=lps, ranks=ranks)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:

@@ -46,7 +46,7 @@ class SamplingMetadata:
     top_p: torch.Tensor | None = None  # float32 [B]
     min_p: torch.Tensor | None = None  # float32 [B]
     generators: dict[int, torch.Generator] = field(default_factory=dict)
-    max_num_logprobs: int | None = None  # reserved: the largest `logprobs` asked for in the batch
+    max_num_logprobs: int | None = None  # the largest `logprobs` asked for in the batch; None: no row asked
     logits_processors: LogitsProcessorChain | None = None  # applied to every row (greedy too) before temperature
 
     @property

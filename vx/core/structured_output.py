@@ -1,0 +1,254 @@
+"""Structured output in the engine: each constrained request's grammar, compiled off the hot path with xgrammar.
+
+The scheduler hands every request with `structured_outputs` to the `StructuredOutputManager`, which compiles its
+grammar in a thread pool (xgrammar releases the GIL while it compiles), so `schedule()` never waits on a compile:
+it only admits requests whose grammar is ready. Each step, the manager fills one token bitmask for all the
+constrained rows that sample; after sampling, each row's matcher accepts its token. xgrammar and the Hugging Face
+tokenizer load lazily, in the compile thread, on the first constrained request.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from vx.config import ModelConfig
+from vx.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
+
+logger = logging.getLogger(__name__)
+
+# (kind, spec text): what is compiled, and the key compiled grammars are cached under.
+GrammarKey = tuple[str, str]
+
+# Compiled grammars (or their compile failures) kept for reuse, so requests sharing a schema compile it once
+# (about 100 KB each for a small schema over a 49k vocabulary).
+_CACHE_SIZE = 256
+# JSON is generated without free whitespace ({"a": 1, "b": [2, 3]}): a small model allowed any whitespace tends
+# to emit spaces and newlines until max_tokens, which leaves the JSON unfinished.
+_ANY_WHITESPACE = False
+# xgrammar prefixes its messages with a time and a C++ source location ("[03:25:08] /project/cpp/x.cc:94: ").
+_XGR_MESSAGE_PREFIX = re.compile(r"^\s*\[[0-9:]+\]\s+\S+:\d+:\s*")
+
+
+def grammar_key(params: StructuredOutputsParams) -> GrammarKey:
+    """The (kind, spec) of a constraint; a JSON schema's spec is its compact JSON text (property order kept,
+    since it is the order the output follows), and a choice's is the EBNF grammar of its alternatives."""
+    kind = params.kind
+    if kind == "json":
+        schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+        return kind, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    if kind == "choice":
+        return kind, choice_grammar(params.choice or [])
+    if kind == "json_object":
+        return kind, ""
+    spec = params.regex if kind == "regex" else params.grammar
+    return kind, spec or ""
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """An EBNF grammar whose language is exactly `choices` (JSON string escaping is valid xgrammar EBNF)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+@dataclass
+class _RequestGrammar:
+    """One constrained request: its grammar's compile, then its matcher (set once the compile succeeded)."""
+
+    kind: str
+    future: concurrent.futures.Future
+    stop_token_ids: list[int]
+    matcher: Any = None  # xgr.GrammarMatcher
+
+
+class StructuredOutputManager:
+    """Compiles grammars in the background and keeps one matcher per constrained request (engine process only).
+
+    `add_request` starts a compile (or reuses a cached one); `update` turns finished compiles into matchers and
+    reports the ones that failed; `is_ready` gates admission; `grammar_bitmask` fills the step's bitmask;
+    `accept_token` advances a matcher; `remove_request` forgets a request.
+    """
+
+    def __init__(self, model_config: ModelConfig, max_workers: int | None = None) -> None:
+        self.model_config = model_config
+        # The bitmask covers the model's vocabulary (the logits' width), which may exceed the tokenizer's.
+        self.vocab_size = model_config.vocab_size
+        # Compiles are CPU-bound: half the cores at most, so the engine's own step keeps its share.
+        self.max_workers = max_workers or max(1, min(4, (os.cpu_count() or 2) // 2))
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._compiler: Any = None  # xgr.GrammarCompiler, built with the tokenizer on first use
+        self._compiler_lock = threading.Lock()
+        self._cache: collections.OrderedDict[GrammarKey, concurrent.futures.Future] = collections.OrderedDict()
+        self._requests: dict[str, _RequestGrammar] = {}
+        self._pending: set[str] = set()  # requests whose grammar is still compiling
+        self._bitmask: Any = None  # torch int32 [rows, ceil(vocab / 32)], grown on demand and reused
+        # int32 [ceil(vocab / 32)]: the tokens holding no control byte (< 0x20); see `grammar_bitmask`.
+        self._no_control_bytes: np.ndarray | None = None
+
+    # ----------------------------------------------------------------------------------------------- requests
+    @property
+    def num_requests(self) -> int:
+        """How many live requests have a grammar (compiled or not)."""
+        return len(self._requests)
+
+    @property
+    def num_pending(self) -> int:
+        """How many requests wait for their grammar to compile."""
+        return len(self._pending)
+
+    def add_request(self, request_id: str, params: StructuredOutputsParams, stop_token_ids: Sequence[int]) -> None:
+        """Start compiling the request's grammar (cached by spec). `stop_token_ids` end the text once the
+        grammar is complete: the request's eos ids and its stop token ids."""
+        key = grammar_key(params)
+        future = self._cache.get(key)
+        if future is None:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers,
+                                                                       thread_name_prefix="vx-grammar")
+            future = self._executor.submit(self._compile, key)
+            self._cache[key] = future
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        self._requests[request_id] = _RequestGrammar(key[0], future, list(dict.fromkeys(stop_token_ids)))
+        self._pending.add(request_id)
+
+    def update(self) -> list[tuple[str, str]]:
+        """Give each request whose compile finished its matcher. Returns (request id, message) for each compile
+        that failed; those requests are forgotten here and must be ended by the caller."""
+        failed: list[tuple[str, str]] = []
+        for request_id in [r for r in self._pending if self._requests[r].future.done()]:
+            self._pending.discard(request_id)
+            state = self._requests[request_id]
+            error = state.future.exception()
+            if error is not None:
+                del self._requests[request_id]
+                failed.append((request_id, str(error)))
+                continue
+            import xgrammar as xgr
+
+            state.matcher = xgr.GrammarMatcher(state.future.result(),
+                                               override_stop_tokens=state.stop_token_ids or None)
+        return failed
+
+    def is_ready(self, request_id: str) -> bool:
+        """False while the request's grammar is still compiling (unconstrained requests are always ready)."""
+        return request_id not in self._pending
+
+    def wait_for_compile(self, timeout: float) -> None:
+        """Block until some pending compile finishes, or `timeout` seconds: for a step that had nothing else to
+        run, so that the engine sleeps instead of spinning."""
+        futures = {self._requests[r].future for r in self._pending}
+        if futures:
+            concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def remove_request(self, request_id: str) -> None:
+        """Forget a finished or aborted request and its matcher (unknown ids are ignored)."""
+        self._requests.pop(request_id, None)
+        self._pending.discard(request_id)
+
+    # ----------------------------------------------------------------------------------------------- per step
+    def grammar_bitmask(self, request_ids: Sequence[str]) -> np.ndarray:
+        """int32 [len(request_ids), ceil(vocab / 32)]: row i has bit t set when the grammar of request i allows
+        token t next. Every request must have its matcher (`is_ready`)."""
+        import xgrammar as xgr
+
+        n = len(request_ids)
+        if self._bitmask is None or self._bitmask.shape[0] < n:
+            self._bitmask = xgr.allocate_token_bitmask(max(n, 8), self.vocab_size)
+        json_rows = []
+        for i, request_id in enumerate(request_ids):
+            state = self._requests[request_id]
+            state.matcher.fill_next_token_bitmask(self._bitmask, i)
+            if state.kind in ("json", "json_object"):
+                json_rows.append(i)
+        # A copy: the buffer is refilled next step, possibly before this step's runner is done with it.
+        bitmask = self._bitmask[:n].numpy().copy()
+        if json_rows:
+            # JSON forbids raw control characters, but xgrammar lets them into length-bounded strings
+            # ({"maxLength": 5}). Compact JSON never needs one outside a string either, so mask them all.
+            bitmask[json_rows] &= self._no_control_bytes
+        return bitmask
+
+    def accept_token(self, request_id: str, token_id: int) -> bool:
+        """Advance the request's matcher by its sampled token; True when the grammar is complete and ended by a
+        stop token, i.e. the request is done. Unconstrained requests return False."""
+        state = self._requests.get(request_id)
+        if state is None or state.matcher is None:
+            return False
+        if not state.matcher.accept_token(token_id):
+            # The mask never lets such a token through, unless it hid every token (e.g. min_tokens banning the
+            # stop token the grammar requires). The matcher keeps its state; the next mask continues from there.
+            logger.warning("vx structured output: request %r sampled token %d, which its grammar does not allow",
+                           request_id, token_id)
+            return False
+        return state.matcher.is_terminated()
+
+    def shutdown(self) -> None:
+        """Stop the compile threads (running compiles finish in the background)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    # ------------------------------------------------------------------------------------------------ compile
+    def _compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
+        """Runs in a compile thread. Raises `ValueError` naming the constraint and the problem."""
+        compiler = self._get_compiler()
+        kind, spec = key
+        try:
+            if kind == "json":
+                return compiler.compile_json_schema(spec, any_whitespace=_ANY_WHITESPACE)
+            if kind == "json_object":
+                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=_ANY_WHITESPACE)
+            if kind == "regex":
+                return compiler.compile_regex(spec)
+            return compiler.compile_grammar(spec)  # "grammar" and "choice" (EBNF)
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for any bad spec
+            raise ValueError(f"structured_outputs.{kind} is invalid: {_xgrammar_message(e)}") from None
+
+    def _get_compiler(self) -> Any:
+        """The xgrammar compiler over the model's tokenizer, built once (by whichever compile thread comes first)."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+                from transformers import AutoTokenizer
+
+                path = self.model_config.tokenizer
+                try:
+                    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+                except Exception as e:  # noqa: BLE001 - transformers raises many types here
+                    raise ValueError(f"structured output needs the model's tokenizer, which could not be loaded "
+                                     f"from {path!r}: {type(e).__name__}: {e}") from None
+                info = xgr.TokenizerInfo.from_huggingface(
+                    tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.model_config.eos_token_ids or None)
+                self._no_control_bytes = _pack_bits([not any(b < 0x20 for b in token)
+                                                     for token in info.decoded_vocab], self.vocab_size)
+                # Our own LRU (`_cache`) bounds what is kept; xgrammar's cache would grow without limit.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self.max_workers, cache_enabled=False)
+            return self._compiler
+
+
+def _pack_bits(allowed: Sequence[bool], vocab_size: int) -> np.ndarray:
+    """A bitmask row (int32 [ceil(vocab_size / 32)], bit t of word t // 32 = token t) from one flag per token;
+    tokens past `allowed` stay allowed."""
+    flags = np.ones((vocab_size + 31) // 32 * 32, dtype=np.uint32)
+    flags[:min(len(allowed), vocab_size)] = np.asarray(allowed[:vocab_size], dtype=np.uint32)
+    words = (flags.reshape(-1, 32) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+    return words.view(np.int32)
+
+
+def _xgrammar_message(e: BaseException) -> str:
+    """xgrammar's error text without its timestamp and C++ source location."""
+    return _XGR_MESSAGE_PREFIX.sub("", str(e)).strip() or type(e).__name__
