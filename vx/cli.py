@@ -1,4 +1,4 @@
-"""The `vx` command: `vx chat`, `vx generate "prompt"`, `vx bench`, with the engine args as flags."""
+"""The `vx` command: `vx chat`, `vx generate "prompt"`, `vx serve`, `vx bench`, with the engine args as flags."""
 
 from __future__ import annotations
 
@@ -126,6 +126,28 @@ def _read_line() -> str | None:
         return None
 
 
+def _serve(ns: argparse.Namespace) -> None:
+    """Run the OpenAI-compatible server until Ctrl-C / SIGTERM (uvicorn's signal handling stops the engine)."""
+    try:
+        import uvicorn
+
+        from vx.serve.app import build_app
+    except ImportError as e:
+        raise SystemExit(f"vx serve needs the server dependencies: pip install 'vx[serve]' ({e})") from None
+    from vx.client.async_llm import AsyncLLM
+
+    kwargs = engine_kwargs(ns)
+    model = kwargs.pop("model", None)
+    llm = AsyncLLM(model, **kwargs)  # checks the engine args now, before the server binds its port
+    chat_template = ns.chat_template
+    if chat_template is not None and os.path.isfile(chat_template):
+        with open(chat_template, encoding="utf-8") as f:
+            chat_template = f.read()
+    app = build_app(llm, served_model_names=ns.served_model_name, api_key=ns.api_key or os.environ.get("VX_API_KEY"),
+                    chat_template=chat_template)
+    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level, timeout_graceful_shutdown=5)
+
+
 def _bench(ns: argparse.Namespace, rest: list[str]) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bench_dir = os.path.join(root, "benchmarks")
@@ -158,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="a system message")
     add_sampling_args(p, max_tokens=512)
     add_engine_args(p)
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1/* (default: $VX_API_KEY, else no key)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="name(s) clients use for the model (default: the --model argument)")
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_args(p)
     # No -h of its own: `vx bench NAME --help` reaches the benchmark's parser (`vx bench help` lists them).
     p = sub.add_parser("bench", help="run the benchmarks (vx beside its competitors)", add_help=False)
     p.add_argument("name", nargs="?", default=None,
@@ -178,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
             anyio.run(_generate, ns)
         elif ns.command == "chat":
             anyio.run(_chat, ns)
+        elif ns.command == "serve":
+            _serve(ns)
         else:
             _bench(ns, rest)
     except ValueError as e:

@@ -1,0 +1,100 @@
+"""A `vx serve` of the tiny model, started once per session as a subprocess, and `openai` clients for it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import httpx
+import pytest
+
+API_KEY = "sk-vx-test"
+MODEL = "tiny"  # the served name; "tiny-alias" is the second one
+
+
+@dataclasses.dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen
+    log_path: str
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()[-4000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir: str, log_path: str, *extra: str, timeout: float = 180.0) -> Server:
+    """`python -m vx.cli serve` on a free loopback port; returns once /health answers 200."""
+    port = free_port()
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "vx.cli", "serve", "--model", model_dir, "--port", str(port),
+                             "--log-level", "warning", *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}", proc, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"vx serve exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"vx serve did not become healthy in {timeout} s:\n{server.log()}")
+
+
+def stop_server(server: Server) -> int:
+    """SIGINT (as Ctrl-C), then the exit code; killed if it does not stop."""
+    server.proc.send_signal(2)
+    try:
+        return server.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+        raise
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
+    log_path = str(tmp_path_factory.mktemp("serve") / "server.log")
+    srv = start_server(tiny_model_dir, log_path, "--api-key", API_KEY, "--served-model-name", MODEL, "tiny-alias",
+                       "--max-model-len", "1024")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def http(server) -> Iterator[httpx.Client]:
+    """A raw HTTP client with the API key, for what the openai client hides (status codes, SSE bytes)."""
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as c:
+        yield c
+
+
+def metric(http_client: httpx.Client, name: str, labels: str = "") -> float:
+    """One sample of GET /metrics (`labels` as written there, e.g. 'endpoint="/v1/completions"'); 0 if absent."""
+    text = http_client.get("/metrics").text
+    want = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -1,0 +1,176 @@
+"""Tool calls and JSON output through the `openai` client, with structured outputs doing the constraining.
+
+The tiny random model writes nothing sensible on its own, so every test constrains it: `tool_choice="required"`
+or a named function (the server builds the schema), `response_format`, or, for `tool_choice="auto"`, a regex
+(vLLM's `structured_outputs` extra) that makes it write a Hermes `<tool_call>` the parser must find.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from conftest import MODEL
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
+           "required": ["city"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}, "dst": {"type": "boolean"}},
+        "required": ["zone", "dst"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+GREEDY = dict(temperature=0.0, max_tokens=100)
+HERMES_WEATHER = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|London)"\}\}</tool_call>'
+
+
+def _check_calls(calls, names=None):
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in (names or SCHEMAS)
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def _collect_stream(stream):
+    """(content, tool calls as dicts, finish reason) of a one-choice chat stream."""
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                entry = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+                entry["name"] += tc.function.name or ""
+                entry["arguments"] += tc.function.arguments or ""
+            finish = ch.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def test_required_tool_choice_gives_a_valid_call(client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                         parallel_tool_calls=False, **GREEDY)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
+    _check_calls(choice.message.tool_calls)
+
+
+def test_named_tool_choice_calls_that_function(client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS,
+                                         tool_choice={"type": "function", "function": {"name": "get_time"}}, **GREEDY)
+    assert out.choices[0].finish_reason == "tool_calls"
+    _check_calls(out.choices[0].message.tool_calls, names={"get_time"})
+
+
+def test_streamed_required_tool_call(client):
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                            parallel_tool_calls=False, stream=True, **GREEDY)
+    content, calls, finish = _collect_stream(stream)
+    assert finish == "tool_calls" and content == "" and len(calls) == 1
+    assert calls[0]["id"].startswith("call_")
+    jsonschema.validate(json.loads(calls[0]["arguments"]), SCHEMAS[calls[0]["name"]])
+
+
+@pytest.mark.parametrize("prefix", ["", "Let me check. "])
+def test_auto_tool_choice_parses_a_hermes_call(client, prefix):
+    regex = json.dumps(prefix)[1:-1].replace(".", r"\.") + HERMES_WEATHER
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, extra_body={"structured_outputs": {"regex": regex}},
+                  **GREEDY)
+    out = client.chat.completions.create(**kwargs)
+    msg = out.choices[0].message
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert msg.content == (prefix.strip() or None)
+    assert [c.function.name for c in msg.tool_calls] == ["get_weather"]
+    _check_calls(msg.tool_calls)
+
+    content, calls, finish = _collect_stream(client.chat.completions.create(stream=True, **kwargs))
+    assert finish == "tool_calls" and content.strip() == prefix.strip()
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == \
+        [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls]
+
+
+def test_tool_choice_none_returns_text(client):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="none",
+                                         extra_body={"structured_outputs": {"regex": HERMES_WEATHER}}, **GREEDY)
+    assert not out.choices[0].message.tool_calls and "<tool_call>" in out.choices[0].message.content
+
+
+def test_tool_history_renders(client):
+    messages = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C"},
+    ]
+    out = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=3, temperature=0)
+    assert out.usage.completion_tokens >= 1
+
+
+def test_json_schema_response_format(client):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+              "required": ["answer", "sure"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema, "strict": True}}
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, response_format=fmt, **GREEDY)
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), schema)
+    # the same through /v1/completions, streamed
+    chunks = client.completions.create(model=MODEL, prompt="Answer:", stream=True, max_tokens=100, temperature=0,
+                                       extra_body={"response_format": fmt})
+    jsonschema.validate(json.loads("".join(c.choices[0].text for c in chunks if c.choices)), schema)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(tool_choice="required"), "tool_choice"),
+    (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+    (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "response_format"),
+    (dict(tools=[{"type": "function", "function": {"description": "no name"}}]), "tools.0.function.name"),
+    (dict(extra_body={"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs"),
+    (dict(logprobs=False, top_logprobs=2), "top_logprobs"),
+])
+def test_bad_tool_and_format_requests_are_400s(client, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, **kwargs)
+    assert e.value.body["param"] == param
+
+
+def test_n_choices_with_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="Hello", n=2, max_tokens=5, temperature=1.0, seed=7,
+                                    logprobs=2, extra_body={"ignore_eos": True})
+    assert [c.index for c in out.choices] == [0, 1] and out.usage.completion_tokens == 10
+    for c in out.choices:
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+        assert lp.text_offset[0] == 0
+        if not any("\ufffd" in t for t in lp.tokens):  # a token alone may be part of a character
+            assert "".join(lp.tokens) == c.text
+        for tok, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            assert logprob <= 0 and 1 <= len(top) <= 3  # the top 2 and the chosen one, by text
+            if "\ufffd" not in tok:
+                assert top[tok] == pytest.approx(logprob)
+
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=4, temperature=1.0, seed=7,
+                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    assert len(chat.choices) == 2
+    for c in chat.choices:
+        entries = c.logprobs.content
+        assert len(entries) == 4
+        if not any("\ufffd" in e.token for e in entries):
+            assert "".join(e.token for e in entries) == c.message.content
+        for e in entries:
+            assert len(e.top_logprobs) == 3 and e.bytes == list(e.token.encode())
+            assert e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob >= -1e9
+
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=4, temperature=1.0,
+                                            seed=7, stream=True, extra_body={"ignore_eos": True})
+    texts: dict[int, str] = {0: "", 1: ""}
+    finishes = {}
+    for chunk in stream:
+        for ch in chunk.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert finishes == {0: "length", 1: "length"}
+    assert texts == {c.index: c.message.content for c in chat.choices}  # same seed, same samples

@@ -1,0 +1,191 @@
+"""`POST /v1/chat/completions`: chat through the model's template, with tool calls and JSON output.
+
+`tool_choice` decides how a reply is read: "none" (plain content), "auto" (content, unless the model wrote
+tool calls, which are parsed out), "required" or a named function (the output is constrained to a call, see
+tool_parser.py). Streaming sends content as it comes and each choice's tool calls as one delta at its end.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive
+
+from vx.client.chat import chat_sampling_params
+from vx.outputs import CompletionOutput, RequestOutput
+from vx.serve.chat_prompt import chat_prompt_ids
+from vx.serve.errors import APIError, bad_request
+from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
+from vx.serve.logprobs import chat_logprobs
+from vx.serve.params import MAX_LOGPROBS, sampling_params, structured_outputs
+from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+                               ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
+                               DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
+from vx.serve.state import ServerState, new_id
+from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema,
+                                  parse_tool_calls)
+
+ENDPOINT = "/v1/chat/completions"
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, receive: Receive) -> Response:
+    """Validate `req`, run it, and answer in OpenAI's chat shape (a 4xx `APIError` for bad input)."""
+    start = now()
+    try:
+        return await _create(state, req, receive, start)
+    except APIError:
+        state.metrics.record_error(ENDPOINT)
+        raise
+
+
+def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
+    if choice != "none" and not req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+        raise bad_request("tool_choice needs tools: none were given.", "tool_choice")
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in req.tools or []}:
+        raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the tools.",
+                          "tool_choice")
+    return choice
+
+
+async def _create(state: ServerState, req: ChatCompletionRequest, receive: Receive, start: float) -> Response:
+    model = state.model_name(req.model)
+    tool_choice = _tool_choice(req)
+    forced = req.tools and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
+    structured = structured_outputs(req, req.response_format,
+                                    forced_tool_schema(req.tools, tool_choice, req.parallel_tool_calls is not False)
+                                    if forced else None)
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true.", "top_logprobs")
+        if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}.", "top_logprobs")
+    top_n = (req.top_logprobs or 0) if req.logprobs else 0
+    chat_template = req.chat_template or state.chat_template
+    prompt_ids = chat_prompt_ids(state.tokenizer, req.messages, tools=req.tools if tool_choice != "none" else None,
+                                 chat_template=chat_template, add_generation_prompt=req.add_generation_prompt)
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
+                             structured=structured)
+    params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
+    rid, created = new_id("chatcmpl"), int(time.time())
+    job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start)[0]
+    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n)
+
+    if not req.stream:
+        try:
+            await run_until_disconnect(receive, lambda: run_jobs(state.llm, [job]))
+        except ClientDisconnected:
+            return Response(status_code=499)  # nobody reads it; the request was aborted
+        choices = [reader.final_choice(c) for c in job.choices]
+        job.report([c.finish_reason or "abort" for c in choices])
+        resp = ChatCompletionResponse(id=rid, created=created, model=model, choices=choices, usage=_usage(job))
+        return Response(resp.model_dump_json(), media_type="application/json")
+
+    def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+        return ChatCompletionChunk(id=rid, created=created, model=model, choices=choices,
+                                   usage=usage).model_dump_json()
+
+    async def produce(emit: Any) -> None:
+        final_reasons: dict[int, str] = {}
+
+        async def on_delta(job: EngineJob, out: RequestOutput) -> None:
+            for c in out.outputs:
+                for choice in reader.delta_choices(job.choices[c.index], c):
+                    if choice.finish_reason is not None:
+                        final_reasons[choice.index] = choice.finish_reason
+                    await emit(chunk([choice]))
+
+        try:
+            await run_jobs(state.llm, [job], on_delta)
+        except APIError:
+            state.metrics.record_error(ENDPOINT)
+            raise
+        job.report([final_reasons.get(c.index, c.finish_reason or "abort") for c in job.choices])
+        if req.stream_options is not None and req.stream_options.include_usage:
+            await emit(chunk([], _usage(job)))
+
+    return EventStreamResponse(produce)
+
+
+class _ReplyReader:
+    """Turns a choice's generated text into OpenAI's message: content, tool calls, logprobs, finish reason."""
+
+    def __init__(self, req: ChatCompletionRequest, tool_choice: str | NamedToolChoice, tokenizer: Any,
+                 top_n: int) -> None:
+        self.req = req
+        self.tool_choice = tool_choice
+        self.forced = req.tools is not None and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
+        self.tool_names = {t.function.name for t in req.tools or []}
+        self.tokenizer = tokenizer
+        self.top_n = top_n
+        self.buffers: dict[int, ToolCallStreamBuffer] = {}  # "auto" streaming: per choice
+
+    def _calls(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        if self.forced:
+            calls = forced_tool_calls(text, self.tool_choice)
+            return (None, calls) if calls else (text, [])
+        if self.tool_choice == "auto":
+            return parse_tool_calls(text, self.tool_names)
+        return text, []
+
+    def _limit(self, calls: list[ParsedToolCall]) -> list[ParsedToolCall]:
+        return calls[:1] if self.req.parallel_tool_calls is False else calls
+
+    def _logprobs(self, token_ids: list[int], positions: Any) -> ChatLogprobs | None:
+        if not self.req.logprobs:
+            return None
+        return ChatLogprobs(content=chat_logprobs(self.tokenizer, token_ids, positions, self.top_n))
+
+    def final_choice(self, c: Choice) -> ChatChoice:
+        content, calls = self._calls(c.text)
+        calls = self._limit(calls)
+        tool_calls = [ToolCall(id=k.id, function=FunctionCall(name=k.name, arguments=k.arguments)) for k in calls]
+        return ChatChoice(index=c.index, message=ChatMessage(content=content, tool_calls=tool_calls),
+                          logprobs=self._logprobs(c.token_ids, c.logprobs),
+                          finish_reason="tool_calls" if calls else c.finish_reason, stop_reason=c.stop_reason)
+
+    def delta_choices(self, acc: Choice, delta: CompletionOutput) -> list[ChatStreamChoice]:
+        """The chunks for one delta of one choice (`acc` already holds it): the role first, then content,
+        and at the end the tool calls and the finish reason."""
+        out = []
+        if acc.index not in self.buffers:
+            self.buffers[acc.index] = ToolCallStreamBuffer(self.tool_names)
+            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(role="assistant", content="")))
+        buffer = self.buffers[acc.index]
+        if self.forced:
+            text = ""  # the whole reply is the call: nothing to show before it is complete
+        elif self.tool_choice == "auto":
+            text = buffer.feed(delta.text)
+        else:
+            text = delta.text
+        calls: list[ParsedToolCall] = []
+        if delta.finish_reason is not None:
+            if self.forced:
+                rest, calls = self._calls(acc.text)
+                text += rest or ""
+            elif self.tool_choice == "auto":
+                rest, calls = buffer.finish()
+                text += rest
+            calls = self._limit(calls)
+        logprobs = self._logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None
+        if text or logprobs is not None:
+            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(content=text), logprobs=logprobs))
+        if calls:
+            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(tool_calls=[
+                DeltaToolCall(index=i, id=k.id, type="function",
+                              function=DeltaFunctionCall(name=k.name, arguments=k.arguments))
+                for i, k in enumerate(calls)])))
+        if delta.finish_reason is not None:
+            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(),
+                                        finish_reason="tool_calls" if calls else delta.finish_reason,
+                                        stop_reason=delta.stop_reason))
+        return out
+
+
+def _usage(job: EngineJob) -> UsageInfo:
+    prompt, completion = len(job.prompt_ids), job.num_generated
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

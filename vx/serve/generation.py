@@ -1,0 +1,158 @@
+"""Running engine requests for an HTTP request: deltas out, choices assembled, metrics kept, errors mapped.
+
+Every request runs in DELTA mode, streaming or not, so that time to first token and inter-token latency are
+measured the same way for both and no output is copied twice. A completions request with several prompts
+runs them concurrently, as one engine request each.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Sequence
+
+import anyio
+
+from vx.errors import EngineDeadError, EngineGenerateError
+from vx.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from vx.sampling_params import SamplingParams
+from vx.serve.errors import APIError, bad_request
+from vx.serve.metrics import RequestTimer, ServerMetrics
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+OnDelta = Callable[["EngineJob", RequestOutput], Awaitable[None]]
+
+
+@dataclass
+class Choice:
+    """One choice of a response, accumulated from its deltas."""
+
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    _parts: list[str] = field(default_factory=list)  # text deltas, joined on demand (no quadratic +=)
+
+    @property
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    def add(self, delta: CompletionOutput) -> None:
+        if delta.text:
+            self._parts.append(delta.text)
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+@dataclass
+class EngineJob:
+    """One engine request: a prompt's token ids, its `n` choices (numbered from `first_index` in the
+    response), and its timing."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    first_index: int
+    timer: RequestTimer
+    choices: list[Choice] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.choices = [Choice(self.first_index + i) for i in range(self.params.n)]
+
+    async def run(self, llm: Any, on_delta: OnDelta | None = None) -> None:
+        """Stream the request through the engine, accumulating its choices; `on_delta(job, out)` sees each
+        output after it was added. Cancellation aborts the request in the engine."""
+        first = True
+        try:
+            async for out in llm.generate(self.prompt_ids, self.params, self.request_id):
+                if first:  # accepted by the engine: its prompt counts
+                    first = False
+                    self.timer.prompt(len(self.prompt_ids))
+                    self.prompt_logprobs = out.prompt_logprobs
+                lengths = [len(c.token_ids) for c in out.outputs]
+                self.timer.tokens(sum(lengths), max(lengths, default=0))
+                for c in out.outputs:
+                    self.choices[c.index].add(c)
+                self.finished = out.finished
+                if on_delta is not None:
+                    await on_delta(self, out)
+        except ValueError as e:
+            if not first:
+                raise  # not the input's fault: a 500
+            # the prompt or the params, found when the request was submitted
+            raise bad_request(str(e), _param_of(str(e))) from None
+        except EngineDeadError as e:
+            raise APIError(f"The engine is not running: {e}", 503) from None
+        except EngineGenerateError as e:
+            raise APIError(str(e), 500) from None
+        except anyio.get_cancelled_exc_class():  # the client went away: the request was aborted
+            if not self.finished:
+                self.timer.finished(["abort"] * len(self.choices))
+            raise
+
+    def report(self, finish_reasons: Sequence[str] | None = None) -> None:
+        """Count the finished choices (by their final finish reasons, e.g. "tool_calls") in the metrics."""
+        self.timer.finished(list(finish_reasons) if finish_reasons is not None
+                            else [c.finish_reason or "abort" for c in self.choices])
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices)
+
+
+def make_jobs(prompts: Sequence[list[int]], params: SamplingParams, base_id: str, metrics: ServerMetrics,
+              endpoint: str, start: float) -> list[EngineJob]:
+    """One job per prompt; choice indices run prompt by prompt (prompt i has i*n .. i*n + n - 1)."""
+    n = params.n
+    return [EngineJob(request_id=base_id if len(prompts) == 1 else f"{base_id}-{i}", prompt_ids=ids,
+                      params=params, first_index=i * n, timer=RequestTimer(metrics, endpoint, start))
+            for i, ids in enumerate(prompts)]
+
+
+async def run_jobs(llm: Any, jobs: list[EngineJob], on_delta: OnDelta | None = None) -> None:
+    """Run the jobs concurrently; the first error (unwrapped from the task group's) is raised."""
+    if len(jobs) == 1:
+        await jobs[0].run(llm, on_delta)
+        return
+    try:
+        async with anyio.create_task_group() as tg:
+            for job in jobs:
+                tg.start_soon(job.run, llm, on_delta)
+    except BaseExceptionGroup as group:
+        raise _first_error(group) from None
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        if not isinstance(exc, anyio.get_cancelled_exc_class()):
+            return exc
+    return group.exceptions[0]
+
+
+def _param_of(message: str) -> str | None:
+    lowered = message.lower()
+    if lowered.startswith("n="):
+        return "n"
+    if "prompt" in lowered:
+        return "prompt"
+    return None
+
+
+def now() -> float:
+    """The clock request timings use."""
+    return time.perf_counter()

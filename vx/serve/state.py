@@ -1,0 +1,46 @@
+"""What one server app holds: its engine, the names it serves the model under, its options and its metrics.
+
+Kept on `app.state.vx`, so two apps in one process share nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from vx.serve.errors import APIError
+from vx.serve.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    llm: Any  # a vx.AsyncLLM (started by the app's lifespan, or by the caller)
+    served_model_names: list[str]
+    api_key: str | None = None
+    chat_template: str | None = None  # overrides the tokenizer's template
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.tokenizer
+
+    @property
+    def max_model_len(self) -> int | None:
+        config = self.llm.config
+        return config.model_config.max_model_len if config is not None else None
+
+    def model_name(self, requested: str | None) -> str:
+        """The name to answer under: the requested one if this server serves it (404 otherwise), else the first."""
+        if requested is None or requested == "":
+            return self.served_model_names[0]
+        if requested not in self.served_model_names:
+            raise APIError(f"The model {requested!r} does not exist; this server serves "
+                           f"{', '.join(map(repr, self.served_model_names))}.", 404, param="model",
+                           code="model_not_found")
+        return requested
+
+
+def new_id(prefix: str) -> str:
+    """A response id in OpenAI's style (`cmpl-...`, `chatcmpl-...`)."""
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,180 @@
+"""Tool calls: find them in a model's text (`tool_choice="auto"`), or force them with a JSON schema.
+
+With "auto" the model writes tool calls as text: Hermes style `<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>` (Qwen, Hermes, SmolLM and most ChatML models), or a bare JSON object (or list of them) with
+`name` and `arguments` (Llama 3 style, which also says `parameters`). With "required" or a named function, the
+output is constrained by structured outputs to a JSON schema built from the tools' parameter schemas, so the
+reply is always a valid call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from vx.sampling_params import StructuredOutputsParams
+from vx.serve.protocol import NamedToolChoice, ToolDefinition
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_HERMES = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
+
+
+@dataclass
+class ParsedToolCall:
+    """One call: the function's name and its arguments as JSON text (as OpenAI sends them)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = "call_" + uuid.uuid4().hex[:24]
+
+
+def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ParsedToolCall]]:
+    """Split a model's reply into (content, tool calls). A call must name one of `tool_names`; text that only
+    looks like a call (bad JSON, unknown function) stays content, so nothing the model wrote is lost."""
+    if TOOL_CALL_OPEN in text:
+        calls = []
+        for match in _HERMES.finditer(text):
+            call = _call_from_json(match.group(1).strip(), tool_names)
+            if call is None or isinstance(call, list):
+                return text, []
+            calls.append(call)
+        content = _HERMES.sub("", text).strip()
+        return content or None, calls
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        found = _call_from_json(stripped, tool_names)
+        if found is not None:
+            return None, found if isinstance(found, list) else [found]
+    return text, []
+
+
+def _call_from_json(raw: str, tool_names: set[str]) -> ParsedToolCall | list[ParsedToolCall] | None:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(obj, list):
+        calls = [_call_from_obj(o, tool_names) for o in obj]
+        return calls if calls and all(c is not None for c in calls) else None  # type: ignore[return-value]
+    return _call_from_obj(obj, tool_names)
+
+
+def _call_from_obj(obj: Any, tool_names: set[str]) -> ParsedToolCall | None:
+    if not isinstance(obj, dict) or obj.get("name") not in tool_names:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as JSON text already
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ParsedToolCall(name=obj["name"], arguments=json.dumps(args, ensure_ascii=False))
+
+
+class ToolCallStreamBuffer:
+    """Streams the content of an "auto" reply while holding back whatever may turn out to be a tool call.
+
+    Text before a `<tool_call>` tag streams at once; from the tag on (or from a `{`/`[` that opens the reply,
+    a possible bare JSON call) everything is held until the end, where `finish` parses it.
+    """
+
+    def __init__(self, tool_names: set[str]) -> None:
+        self.tool_names = tool_names
+        self.text = ""
+        self.sent = 0  # characters of `text` already released as content
+        self.holding = False  # a possible call began: release nothing more until `finish`
+
+    def feed(self, delta: str) -> str:
+        """Add generated text; return the content that is safe to send now."""
+        self.text += delta
+        if self.holding:
+            return ""
+        if self.sent == 0:
+            head = self.text.lstrip()
+            if not head or (len(head) < len(TOOL_CALL_OPEN) and TOOL_CALL_OPEN.startswith(head)):
+                return ""  # too early to tell
+            if head[0] in "{[" or head.startswith(TOOL_CALL_OPEN):
+                self.holding = True
+                return ""
+        pending = self.text[self.sent:]
+        tag = pending.find(TOOL_CALL_OPEN)
+        if tag >= 0:
+            cut, self.holding = tag, True
+        else:  # keep back a suffix that may be the start of a tag
+            cut = len(pending)
+            for k in range(min(len(TOOL_CALL_OPEN) - 1, len(pending)), 0, -1):
+                if TOOL_CALL_OPEN.startswith(pending[-k:]):
+                    cut -= k
+                    break
+        self.sent += cut
+        return pending[:cut]
+
+    def finish(self) -> tuple[str, list[ParsedToolCall]]:
+        """At the end of the reply: (content not sent yet, tool calls)."""
+        held, self.sent = self.text[self.sent:], len(self.text)
+        content, calls = parse_tool_calls(held, self.tool_names)
+        if not calls:
+            return held, []
+        return content or "", calls
+
+
+# ---------------------------------------------------------------------------------------------- forcing
+def forced_tool_schema(tools: list[ToolDefinition], tool_choice: str | NamedToolChoice,
+                       parallel: bool = True) -> StructuredOutputsParams:
+    """The constraint for `tool_choice="required"` (a non-empty JSON list of calls to any tool; one call only
+    when `parallel` is False) or for a named function (a JSON object: that function's arguments)."""
+    if isinstance(tool_choice, NamedToolChoice):
+        tool = _find(tools, tool_choice.function.name)
+        return StructuredOutputsParams(json=_parameters(tool))
+    variants = [{
+        "type": "object",
+        "properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _parameters(t)},
+        "required": ["name", "parameters"],
+    } for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return StructuredOutputsParams(json=schema)
+
+
+def forced_tool_calls(text: str, tool_choice: str | NamedToolChoice) -> list[ParsedToolCall]:
+    """The calls in a reply generated under `forced_tool_schema`; [] when it is not valid JSON (e.g. the
+    reply was cut by max_tokens)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    if isinstance(tool_choice, NamedToolChoice):
+        if not isinstance(obj, dict):
+            return []
+        return [ParsedToolCall(name=tool_choice.function.name, arguments=json.dumps(obj, ensure_ascii=False))]
+    if not isinstance(obj, list):
+        return []
+    calls = []
+    for item in obj:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return []
+        calls.append(ParsedToolCall(name=item["name"],
+                                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False)))
+    return calls
+
+
+def _find(tools: list[ToolDefinition], name: str) -> ToolDefinition:
+    for t in tools:
+        if t.function.name == name:
+            return t
+    raise KeyError(name)
+
+
+def _parameters(tool: ToolDefinition) -> dict[str, Any]:
+    return tool.function.parameters or {"type": "object", "properties": {}}
