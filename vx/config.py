@@ -11,7 +11,7 @@ from typing import Any
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
-_ATTN_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+_ATTN_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
 _SCHEDULING_POLICIES = ("fcfs", "priority")
 
 

@@ -1,4 +1,5 @@
-"""Torch paged-attention backend against a naive per-query softmax, for every batch mix."""
+"""Torch paged-attention backend (and the CPU backend, which swaps in a C decode kernel) against a naive
+per-query softmax, for every batch mix."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vx.gpu.attention import CommonAttentionMetadata, TorchAttentionBackend, get_attn_backend
+from vx.gpu.attention import CommonAttentionMetadata, CpuAttentionBackend, TorchAttentionBackend, get_attn_backend
+from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
 from paged_utils import make_common_metadata  # noqa: E402
@@ -42,12 +44,17 @@ CASES = {
 }
 
 
+BACKENDS = [TorchAttentionBackend, pytest.param(CpuAttentionBackend, marks=pytest.mark.skipif(
+    load_paged_decode_kernel() is None, reason="the CPU kernel cannot be built here (no C compiler)"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=["torch", "cpu"])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("heads,window,dtype", [
     ((4, 2), None, torch.float32), ((2, 2), None, torch.float32), ((4, 2), 5, torch.float32),
     ((2, 2), 5, torch.float32), ((4, 2), None, torch.bfloat16),
 ])
-def test_matches_naive_attention(case, heads, window, dtype):
+def test_matches_naive_attention(case, heads, window, dtype, backend):
     torch.manual_seed(0)
     computed, new = CASES[case]
     h, hk, d = heads[0], heads[1], 8
@@ -70,8 +77,8 @@ def test_matches_naive_attention(case, heads, window, dtype):
     q = torch.randn(n_tok, h, d).to(dtype)
     k = torch.cat([fk[c:] for fk, c in zip(full_k, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
     v = torch.cat([fv[c:] for fv, c in zip(full_v, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
-    impl = TorchAttentionBackend.get_impl_cls()(h, d, scale, hk, sliding_window=window)
-    md = TorchAttentionBackend.build_metadata(common)
+    impl = backend.get_impl_cls()(h, d, scale, hk, sliding_window=window)
+    md = backend.build_metadata(common)
     out = impl.forward(None, q.reshape(n_tok, -1), k.reshape(n_tok, -1), v.reshape(n_tok, -1), cache, md)
     assert out.shape == (n_tok, h * d) and out.dtype == dtype
     atol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -103,7 +110,8 @@ def test_metadata_split_and_contiguous_decode_rows():
 
 
 def test_selector():
-    assert get_attn_backend("auto", "cpu") is TorchAttentionBackend
+    expected_cpu = TorchAttentionBackend if load_paged_decode_kernel() is None else CpuAttentionBackend
+    assert get_attn_backend("auto", "cpu") is expected_cpu
     assert get_attn_backend("torch", "cuda") is TorchAttentionBackend
     assert TorchAttentionBackend.get_name() == "torch"
     with pytest.raises(ValueError, match="flash_attn needs CUDA"):  # more in test_triton_backend.py

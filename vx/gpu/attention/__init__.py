@@ -10,12 +10,14 @@ from __future__ import annotations
 import torch
 
 from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from vx.gpu.attention.cpu_backend import CpuAttentionBackend
 from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend, TorchAttentionMetadata
 from vx.gpu.attention.triton_backend import TritonAttentionBackend
 
-BACKEND_NAMES = ("auto", "torch", "triton", "flash_attn")
-_OPTIONAL: dict[str, type] = {"triton": TritonAttentionBackend, "flash_attn": FlashAttnBackend}
+BACKEND_NAMES = ("auto", "torch", "cpu", "triton", "flash_attn")
+_OPTIONAL: dict[str, type] = {"cpu": CpuAttentionBackend, "triton": TritonAttentionBackend,
+                              "flash_attn": FlashAttnBackend}
 
 
 def _device_type(device: str | torch.device) -> str:
@@ -39,7 +41,8 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
 
     'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
     is known, only if it is a multiple of 256: below that flash_attn gathers the context every layer),
-    else triton if available, else torch; on CPU it takes torch. Naming an unavailable backend raises a
+    else triton if available, else torch; on CPU it takes cpu (torch with a C decode kernel) when that kernel
+    builds, else torch. Naming an unavailable backend raises a
     ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, for tests).
     """
     if name == "torch":
@@ -47,6 +50,8 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
     shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size)
     if name == "auto":
         if _device_type(device) != "cuda":
+            if backend_problem("cpu", device, **shape) is None:
+                return CpuAttentionBackend
             return TorchAttentionBackend
         fa_paged = block_size is None or FlashAttnBackend.is_paged(block_size)
         if fa_paged and backend_problem("flash_attn", device, **shape) is None:
@@ -62,6 +67,7 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
     return _OPTIONAL[name]
 
 
-__all__ = ["AttentionBackend", "AttentionImpl", "BACKEND_NAMES", "CommonAttentionMetadata", "FlashAttnBackend",
+__all__ = ["AttentionBackend", "AttentionImpl", "BACKEND_NAMES", "CommonAttentionMetadata", "CpuAttentionBackend",
+           "FlashAttnBackend",
            "TorchAttentionBackend", "TorchAttentionMetadata", "TritonAttentionBackend", "backend_problem",
            "get_attn_backend"]

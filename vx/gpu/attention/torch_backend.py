@@ -59,6 +59,7 @@ class TorchAttentionMetadata:
     num_decodes: int
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpec]
+    decode_reqs: list[int] = field(default_factory=list)  # batch indices of the decode requests
     _masks: dict[Any, torch.Tensor | None] = field(default_factory=dict, repr=False)
 
     def decode_mask(self, g: int, window: int | None) -> torch.Tensor:
@@ -140,7 +141,7 @@ class TorchAttentionBackend(AttentionBackend):
         groups = [_decode_group(common, g, qsl, seq_lens) for g in _group_by_length(decode_reqs, seq_lens)]
         return TorchAttentionMetadata(
             num_actual_tokens=n, slot_mapping=slot_mapping, write_rows=write_rows, num_decodes=len(decode_reqs),
-            decode_groups=groups, prefills=prefills)
+            decode_groups=groups, prefills=prefills, decode_reqs=decode_reqs)
 
 
 # A decode group holds requests whose context is at least this fraction of its longest one: padding then

@@ -1,0 +1,106 @@
+"""The CPU backend's C decode kernel: equal to the torch backend at real model shapes (the specialised head
+sizes, GQA groups, long contexts, sliding windows, query rows sliced out of a fused projection), its fallbacks,
+and how it is built and selected."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from vx.gpu.attention import CpuAttentionBackend, TorchAttentionBackend, get_attn_backend
+from vx.gpu.attention.backend import CommonAttentionMetadata
+from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+
+pytestmark = pytest.mark.skipif(load_paged_decode_kernel() is None,
+                                reason="the CPU kernel cannot be built here (no C compiler)")
+
+
+def _decode_batch(seq_lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int, seed: int = 0):
+    """A decode-only step: a random cache, shuffled block tables, and q as a column slice of a wider qkv."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per) + 1
+    pool = list(range(1, num_blocks))
+    random.Random(seed).shuffle(pool)
+    width = max(blocks_per)
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    for i, nb in enumerate(blocks_per):
+        table[i, :nb] = torch.tensor([pool.pop() for _ in range(nb)], dtype=torch.int32)
+    cache = torch.randn(TorchAttentionBackend.get_kv_cache_shape(num_blocks, block_size, kv_heads, head_dim),
+                        generator=gen)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+    last = lens.long() - 1
+    slots = table.long()[torch.arange(len(seq_lens)), last // block_size] * block_size + last % block_size
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=lens, seq_lens_cpu=lens, block_table=table,
+        slot_mapping=slots, num_reqs=len(seq_lens), num_actual_tokens=len(seq_lens), max_query_len=1,
+        max_seq_len=max(seq_lens), block_size=block_size)
+    qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    return common, cache, q, k, v
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 32), (14, 2, 64)])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("window", [None, 50])
+def test_kernel_equals_torch_backend(heads, kv_heads, head_dim, block_size, window):
+    seq_lens = [1, 2, 17, 300, 511, 64, 33, 130]
+    common, cache, q, k, v = _decode_batch(seq_lens, heads, kv_heads, head_dim, block_size)
+    assert not q.is_contiguous()  # the kernel reads rows with q's own stride
+    outs = []
+    for backend in (TorchAttentionBackend, CpuAttentionBackend):
+        impl = backend.get_impl_cls()(heads, head_dim, head_dim ** -0.5, kv_heads, sliding_window=window)
+        outs.append(impl.forward(None, q, k, v, cache.clone(), backend.build_metadata(common)))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_is_what_runs(monkeypatch):
+    """Guard against a silent fallback: with the torch path broken, the CPU backend still decodes."""
+    common, cache, q, k, v = _decode_batch([5, 40], 4, 2, 64, 16)
+    impl = CpuAttentionBackend.get_impl_cls()(4, 64, 0.125, 2)
+    want = impl.forward(None, q, k, v, cache.clone(), CpuAttentionBackend.build_metadata(common))
+    monkeypatch.setattr(TorchAttentionBackend.get_impl_cls(), "_decode", lambda *a: pytest.fail("fell back"))
+    got = impl.forward(None, q, k, v, cache.clone(), CpuAttentionBackend.build_metadata(common))
+    assert torch.equal(got, want)
+
+
+def test_shapes_beyond_the_kernel_fall_back_to_torch():
+    # head_dim 512 exceeds the kernel's limit, bf16 is not float32: both take the torch path, still right.
+    for head_dim, dtype in ((512, torch.float32), (64, torch.bfloat16)):
+        common, cache, q, k, v = _decode_batch([9, 30], 4, 2, head_dim, 16)
+        cache, q, k, v = (t.to(dtype) for t in (cache, q, k, v))
+        outs = [b.get_impl_cls()(4, head_dim, head_dim ** -0.5, 2).forward(None, q, k, v, cache.clone(),
+                                                                           b.build_metadata(common))
+                for b in (TorchAttentionBackend, CpuAttentionBackend)]
+        assert torch.equal(outs[0], outs[1])
+
+
+def test_selection_and_switch_off(monkeypatch, tmp_path):
+    assert get_attn_backend("auto", "cpu") is CpuAttentionBackend
+    assert get_attn_backend("cpu", "cpu") is CpuAttentionBackend
+    with pytest.raises(ValueError, match="CPU only"):
+        get_attn_backend("cpu", "cuda")
+    load_paged_decode_kernel.cache_clear()
+    try:
+        monkeypatch.setenv("VX_CPU_KERNELS", "0")
+        assert get_attn_backend("auto", "cpu") is TorchAttentionBackend
+        with pytest.raises(ValueError, match="could not be built"):
+            get_attn_backend("cpu", "cpu")
+        # A fresh cache directory: the kernel is built there, once, and found again.
+        monkeypatch.setenv("VX_CPU_KERNELS", "1")
+        monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+        load_paged_decode_kernel.cache_clear()
+        assert load_paged_decode_kernel() is not None
+        built = list((tmp_path / "kernels").glob("paged_decode-*.so"))
+        assert len(built) == 1 and not [p for p in (tmp_path / "kernels").iterdir() if p.is_dir()]
+        # No compiler: the torch path, no error.
+        monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "elsewhere"))
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+        load_paged_decode_kernel.cache_clear()
+        assert load_paged_decode_kernel() is None
+    finally:
+        monkeypatch.undo()
+        load_paged_decode_kernel.cache_clear()

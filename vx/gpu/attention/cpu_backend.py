@@ -1,0 +1,80 @@
+"""Paged attention for the CPU: the torch backend, with decode attention in a C kernel that reads the cache in place.
+
+Decode dominates a CPU step's attention time, and it is memory-bound: the torch backend gathers each context
+into a padded batch before SDPA, so the KV bytes cross memory three times. The kernel
+(`csrc/paged_decode.c`) streams each sequence's blocks once. Prefills, the KV write and anything the kernel
+does not handle (a dtype other than float32, a very large head) stay on the torch path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vx.gpu.attention.backend import AttentionImpl, CommonAttentionMetadata
+from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+from vx.gpu.attention.torch_backend import TorchAttentionBackend, TorchAttentionImpl, TorchAttentionMetadata
+
+
+@dataclass
+class CpuAttentionMetadata(TorchAttentionMetadata):
+    """The torch backend's metadata plus the decode requests' rows, block tables and lengths for the kernel."""
+
+    decode_rows: torch.Tensor | None = None         # int64 [Nd]: each decode request's row in the batch
+    decode_block_table: torch.Tensor | None = None  # int32 [Nd, nb], contiguous
+    decode_seq_lens: torch.Tensor | None = None     # int32 [Nd]
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    """The CPU default when the C kernel builds (`attention_backend="cpu"`); same KV layout as "torch"."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "cpu"
+
+    @staticmethod
+    def get_impl_cls() -> type[AttentionImpl]:
+        return CpuAttentionImpl
+
+    @staticmethod
+    def unavailable_reason(device_type: str) -> str | None:
+        """Why this backend cannot run here (None = it can)."""
+        if device_type != "cpu":
+            return "it runs on the CPU only"
+        if load_paged_decode_kernel() is None:
+            return "its C kernel could not be built (no C compiler, or VX_CPU_KERNELS=0)"
+        return None
+
+    @staticmethod
+    def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                           block_size: int | None = None) -> str | None:
+        """Shapes are always accepted: what the kernel does not handle falls back to the torch path."""
+        return None
+
+    @classmethod
+    def build_metadata(cls, common: CommonAttentionMetadata) -> CpuAttentionMetadata:
+        base = super().build_metadata(common)
+        md = CpuAttentionMetadata(**{f: getattr(base, f) for f in base.__dataclass_fields__ if f != "_masks"})
+        if md.decode_reqs:
+            reqs = torch.tensor(md.decode_reqs, dtype=torch.int64)
+            seq_lens = common.seq_lens_cpu[reqs]
+            nb = -(-int(seq_lens.max()) // common.block_size)
+            md.decode_rows = common.query_start_loc_cpu[reqs].long()
+            md.decode_block_table = common.block_table[reqs, :nb].to(torch.int32).contiguous()
+            md.decode_seq_lens = seq_lens.to(torch.int32).contiguous()
+        return md
+
+
+class CpuAttentionImpl(TorchAttentionImpl):
+    """Decodes through the C kernel (float32); everything else as in the torch backend."""
+
+    def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: Any, out: torch.Tensor) -> None:
+        kernel = load_paged_decode_kernel()
+        if (kernel is not None and md.decode_rows is not None and q.dtype == torch.float32
+                and kv_cache.dtype == torch.float32
+                and kernel(q, md.decode_rows, kv_cache, md.decode_block_table, md.decode_seq_lens, self.scale,
+                           self.sliding_window, out, self.num_heads)):
+            return
+        super()._decode(q, kv_cache, md, out)

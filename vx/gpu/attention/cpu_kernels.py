@@ -1,0 +1,122 @@
+"""vx's C kernels for the CPU, compiled on first use with the machine's C compiler and loaded through ctypes.
+
+A kernel is built once per machine (`-O3 -march=native`, OpenMP) into `$VX_CACHE_DIR/kernels/`, named by a
+hash of its source, the compiler and the CPU's flags, so a shared cache never serves a binary built for
+another CPU. Without a compiler, or when the build fails, `load_paged_decode_kernel()` returns None and the
+caller keeps its pure-PyTorch path. `VX_CPU_KERNELS=0` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_CSRC = Path(__file__).with_name("csrc")
+# -ffast-math lets gcc vectorize the exponentials (glibc's libmvec) and reassociate the dot products.
+_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+
+
+class PagedDecodeKernel:
+    """Decode attention (one query token per sequence) over the paged KV cache, read in place (float32)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        fn = lib.vx_paged_decode_f32
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [p, i64, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, p, i64, p,
+                       ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def __call__(self, q: torch.Tensor, q_rows: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, scale: float, window: int | None, out: torch.Tensor,
+                 num_heads: int) -> bool:
+        """out[q_rows[i]] = attention of q[q_rows[i]] over sequence i's first seq_lens[i] cached tokens.
+
+        q, out: float32 [T, H * D], each row contiguous (q may be a column slice of a wider projection);
+        kv_cache: contiguous [2, num_blocks, block_size, Hk, D]; block_table: int32 [S, nb] contiguous; seq_lens:
+        int32 [S]; q_rows: int64 [S]. Returns False (nothing written) for what the kernel does not handle, so
+        the caller can fall back.
+        """
+        _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+        if (q.dim() != 2 or out.dim() != 2 or q.stride(1) != 1 or out.stride(1) != 1
+                or q.shape[1] != num_heads * head_dim or not kv_cache.is_contiguous()
+                or not block_table.is_contiguous()):
+            return False
+        rc = self._fn(q.data_ptr(), q.stride(0), q_rows.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+                      block_table.data_ptr(), block_table.shape[1], seq_lens.data_ptr(), seq_lens.shape[0],
+                      num_heads, num_kv_heads, head_dim, block_size, scale, window or 0, out.data_ptr(),
+                      out.stride(0), q_rows.data_ptr(), torch.get_num_threads())
+        return rc == 0
+
+
+@functools.cache
+def load_paged_decode_kernel() -> PagedDecodeKernel | None:
+    """The paged decode kernel, built if needed; None when kernels are off or cannot be built here."""
+    if os.environ.get("VX_CPU_KERNELS", "1") == "0":
+        return None
+    lib_path = _build("paged_decode")
+    if lib_path is None:
+        return None
+    try:
+        return PagedDecodeKernel(ctypes.CDLL(str(lib_path)))
+    except OSError as e:
+        logger.warning("vx: could not load the CPU attention kernel (%s); using the PyTorch path.", e)
+        return None
+
+
+def _build(name: str) -> Path | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        logger.info("vx: no C compiler found; CPU attention uses the PyTorch path.")
+        return None
+    source = (_CSRC / f"{name}.c").read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *_CFLAGS]).encode() + _compiler_version(compiler)
+                         + _cpu_flags()).hexdigest()[:16]
+    cache_dir = Path(os.environ.get("VX_CACHE_DIR", Path.home() / ".cache" / "vx")) / "kernels"
+    target = cache_dir / f"{name}-{key}.so"
+    if target.exists():
+        return target
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # Build beside the target, then rename: concurrent processes never load a half-written library.
+        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+            tmp_lib = Path(tmp) / target.name
+            subprocess.run([compiler, *_CFLAGS, str(_CSRC / f"{name}.c"), "-o", str(tmp_lib), "-lm"],
+                           check=True, capture_output=True, timeout=120)
+            os.replace(tmp_lib, target)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        logger.warning("vx: building the CPU attention kernel failed (%s %s); using the PyTorch path.", e,
+                       detail.decode(errors="replace")[-500:])
+        return None
+    return target
+
+
+def _compiler_version(compiler: str) -> bytes:
+    try:
+        return subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return b""
+
+
+def _cpu_flags() -> bytes:
+    """The CPU's feature flags (what -march=native compiles for); empty where /proc/cpuinfo does not exist."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"flags"):
+                    return line
+    except OSError:
+        pass
+    return b""
