@@ -109,3 +109,10 @@ def test_startup(micro_model, capsys):
     get_main("startup")(["--model", micro_model, "--runs", "1"])
     out = capsys.readouterr().out
     assert "first token (s)" in out and "median time to first streamed token" in out
+
+
+def test_decode_step(micro_model, capsys):
+    get_main("decode_step")(["--model", micro_model, "--batch", "3", "--context", "20", "--steps", "2",
+                             "--backends", "torch,cpu", "--profile"])
+    out = capsys.readouterr().out
+    assert "Decode step" in out and "| cpu " in out and "| torch " in out and "torch.profiler" in out
