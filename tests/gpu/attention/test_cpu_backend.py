@@ -104,3 +104,15 @@ def test_selection_and_switch_off(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         load_paged_decode_kernel.cache_clear()
+
+
+def test_loading_the_kernel_keeps_subnormal_floats():
+    """A library linked with -ffast-math switches the whole process to flush-to-zero when it loads; ours must not:
+    torch, numpy and the application would silently lose every float below 1.2e-38."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel as k; "
+            "assert k() is not None; print((torch.tensor([1e-30]) * torch.tensor([1e-10])).item())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert float(out) > 0.0

@@ -23,8 +23,11 @@ import torch
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-# -ffast-math lets gcc vectorize the exponentials (glibc's libmvec) and reassociate the dot products.
-_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11"]
+# -ffast-math lets gcc vectorize the exponentials (glibc's libmvec) and reassociate the dot products. It is
+# given to the compile step only: linked with it, gcc adds crtfastmath.o, whose constructor switches the whole
+# process to flush-to-zero (subnormal floats become 0 in torch, numpy and everything else).
+_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
+_LDFLAGS = ["-shared", "-fopenmp"]
 
 
 class PagedDecodeKernel:
@@ -81,7 +84,7 @@ def _build(name: str) -> Path | None:
         logger.info("vx: no C compiler found; CPU attention uses the PyTorch path.")
         return None
     source = (_CSRC / f"{name}.c").read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *_CFLAGS]).encode() + _compiler_version(compiler)
+    key = hashlib.sha256(source + " ".join([compiler, *_CFLAGS, *_LDFLAGS]).encode() + _compiler_version(compiler)
                          + _cpu_flags()).hexdigest()[:16]
     cache_dir = Path(os.environ.get("VX_CACHE_DIR", Path.home() / ".cache" / "vx")) / "kernels"
     target = cache_dir / f"{name}-{key}.so"
@@ -91,8 +94,10 @@ def _build(name: str) -> Path | None:
         cache_dir.mkdir(parents=True, exist_ok=True)
         # Build beside the target, then rename: concurrent processes never load a half-written library.
         with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-            tmp_lib = Path(tmp) / target.name
-            subprocess.run([compiler, *_CFLAGS, str(_CSRC / f"{name}.c"), "-o", str(tmp_lib), "-lm"],
+            tmp_obj, tmp_lib = Path(tmp) / f"{name}.o", Path(tmp) / target.name
+            subprocess.run([compiler, *_CFLAGS, "-c", str(_CSRC / f"{name}.c"), "-o", str(tmp_obj)],
+                           check=True, capture_output=True, timeout=120)
+            subprocess.run([compiler, *_LDFLAGS, str(tmp_obj), "-o", str(tmp_lib), "-lmvec", "-lm"],
                            check=True, capture_output=True, timeout=120)
             os.replace(tmp_lib, target)
     except (OSError, subprocess.SubprocessError) as e:
