@@ -334,10 +334,9 @@ class AsyncLLM:
                 logger.warning("The vx engine refused an input message: %s", err.message)
                 continue
             stream.detach()
-            siblings = [e for e in self.output_processor.engine_request_ids([rid]) if e != err.request_id]
-            if siblings:  # the other samples of an n > 1 request
-                self._client.abort_requests(siblings)
-            self.output_processor.abort_requests([rid])
+            _, others = self.output_processor.drop_failed(err.request_id)
+            if others:  # the other samples of an n > 1 request
+                self._client.abort_requests(others)
             stream.fail(EngineGenerateError(f"The engine refused request {stream.request_id!r}: {err.message}"))
         if not outs.outputs:
             return

@@ -89,13 +89,10 @@ class LLMEngine:
             if err.request_id is None or err.request_id not in op.request_states:
                 logger.error("The vx engine refused a message: %s", err.message)
                 continue
-            rid = op.request_id_of(err.request_id)  # an n > 1 request fails whole: its other samples stop too
-            engine_ids = op.engine_request_ids([rid])
-            dropped.update(engine_ids)
-            siblings = [e for e in engine_ids if e != err.request_id]
-            if siblings:
-                self.engine_core.abort_requests(siblings)
-            op.abort_requests([rid])
+            rid, others = op.drop_failed(err.request_id)  # an n > 1 request fails whole: its other samples too
+            dropped.update([err.request_id, *others])
+            if others:
+                self.engine_core.abort_requests(others)
             messages.append(f"The engine refused request {rid!r}: {err.message}")
         return EngineGenerateError("\n".join(messages)) if messages else None
 

@@ -201,6 +201,14 @@ class OutputProcessor:
         """The application's ids of every request still tracked."""
         return [*self.parent_requests, *(rid for rid, s in self.request_states.items() if s.parent is None)]
 
+    def drop_failed(self, engine_request_id: str) -> tuple[str, list[str]]:
+        """An engine request failed (the engine refused it): drop its whole request, every sample of an n > 1
+        one. Returns the application's id and the engine ids of the other samples, which the engine must abort."""
+        rid = self.request_id_of(engine_request_id)
+        others = [e for e in self.engine_request_ids([rid]) if e != engine_request_id]
+        self.abort_requests([rid])
+        return rid, others
+
     def request_id_of(self, engine_request_id: str) -> str:
         """The application's id for an engine request id (a child's parent)."""
         state = self.request_states.get(engine_request_id)

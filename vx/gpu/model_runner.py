@@ -135,21 +135,24 @@ class ModelRunner:
         logprobs = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)]).float().log_softmax(dim=-1)
         targets = torch.tensor([t for w in wanted for t in w[2]], dtype=torch.int64, device=self.device)
         gathered = gather_logprobs(logprobs, targets, max(w[3] for w in wanted))
-        per_position = _split_logprobs(gathered, [k for w in wanted for k in [w[3]] * len(w[2])])
+        ids, lps, ranks = gathered.token_ids.tolist(), gathered.logprobs.tolist(), gathered.ranks.tolist()
         out: dict[str, tuple[int, TokenLogprobs]] = {}
         offset = 0
-        for req_id, start, targets_of_req, _ in wanted:
-            positions = per_position[offset:offset + len(targets_of_req)]
-            offset += len(targets_of_req)
-            out[req_id] = (start, TokenLogprobs(token_ids=[p.token_ids[0] for p in positions],
-                                                logprobs=[p.logprobs[0] for p in positions],
-                                                ranks=[p.ranks[0] for p in positions]))
+        for req_id, start, targets_of_req, k in wanted:
+            end = offset + len(targets_of_req)
+            out[req_id] = (start, _rows_logprobs(ids, lps, ranks, offset, end, k))
+            offset = end
         return out
 
 
 def _split_logprobs(tensors: LogprobsTensors, ks: list[int | None]) -> list[TokenLogprobs | None]:
     """One single-position `TokenLogprobs` per row, cut to that row's own k (None where k is None)."""
     ids, lps, ranks = tensors.token_ids.tolist(), tensors.logprobs.tolist(), tensors.ranks.tolist()
-    return [None if k is None else TokenLogprobs(token_ids=[ids[r][:k + 1]], logprobs=[lps[r][:k + 1]],
-                                                 ranks=[ranks[r]])
-            for r, k in enumerate(ks)]
+    return [None if k is None else _rows_logprobs(ids, lps, ranks, r, r + 1, k) for r, k in enumerate(ks)]
+
+
+def _rows_logprobs(ids: list[list[int]], lps: list[list[float]], ranks: list[int], start: int, stop: int,
+                   k: int) -> TokenLogprobs:
+    """Rows [start, stop) of gathered logprobs as consecutive positions, each cut to the chosen token + top k."""
+    return TokenLogprobs(token_ids=[row[:k + 1] for row in ids[start:stop]],
+                         logprobs=[row[:k + 1] for row in lps[start:stop]], ranks=ranks[start:stop])
