@@ -9,9 +9,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from vx.attention_backends import ATTENTION_BACKEND_NAMES
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 _DEVICES = ("auto", "cpu", "cuda")
-_ATTN_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
 _SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
@@ -219,8 +220,9 @@ class EngineArgs:
         if self.scheduling_policy not in _SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {_SCHEDULING_POLICIES}, got "
                              f"{self.scheduling_policy!r}.")
-        if self.attention_backend not in _ATTN_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {_ATTN_BACKENDS}, got {self.attention_backend!r}.")
+        if self.attention_backend not in ATTENTION_BACKEND_NAMES:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKEND_NAMES}, "
+                             f"got {self.attention_backend!r}.")
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
                      "max_num_batched_tokens"):
             v = getattr(self, name)
