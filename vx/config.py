@@ -36,12 +36,22 @@ class ModelConfig:
 
     @property
     def num_kv_heads(self) -> int:
-        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+        return hf_num_kv_heads(self.hf_config)
 
     @property
     def head_dim(self) -> int:
-        hd = getattr(self.hf_config, "head_dim", None)
-        return int(hd) if hd else int(self.hf_config.hidden_size // self.hf_config.num_attention_heads)
+        return hf_head_dim(self.hf_config)
+
+
+def hf_num_kv_heads(hf_config: Any) -> int:
+    """Key/value heads of a Hugging Face config: num_key_value_heads, else num_attention_heads (no GQA)."""
+    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def hf_head_dim(hf_config: Any) -> int:
+    """Width of one attention head: the config's head_dim where it sets one (Qwen3), else hidden / heads."""
+    hd = getattr(hf_config, "head_dim", None)
+    return int(hd) if hd else int(hf_config.hidden_size // hf_config.num_attention_heads)
 
 
 @dataclass
@@ -268,7 +278,7 @@ class RawHFConfig(dict):
 
 
 def _read_hf_config_json(path: str) -> RawHFConfig:
-    raw = _read_json(os.path.join(path, "config.json"))
+    raw = read_json(os.path.join(path, "config.json"))
     if not raw:
         raise ValueError(f"Could not read the model config in {path!r}: config.json is missing or not JSON.")
     if not isinstance(raw.get("vocab_size"), int):
@@ -286,7 +296,7 @@ def _derive_max_model_len(hf_config: Any) -> int | None:
 
 def _eos_token_ids(path: str, hf_config: Any) -> list[int]:
     ids: list[int] = []
-    for source in (hf_config.to_dict(), _read_json(os.path.join(path, "generation_config.json"))):
+    for source in (hf_config.to_dict(), read_json(os.path.join(path, "generation_config.json"))):
         eos = source.get("eos_token_id")
         if isinstance(eos, int):
             eos = [eos]
@@ -296,9 +306,11 @@ def _eos_token_ids(path: str, hf_config: Any) -> list[int]:
     return ids
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object file of a model directory; {} when it is missing, unreadable or not an object."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
