@@ -55,8 +55,9 @@ def _add_test_helpers_to_path() -> None:
 
 def bench_cache_dir() -> str:
     """Where built random models are kept: `$VX_CACHE_DIR/bench`, else `~/.cache/vx/bench`."""
-    root = os.environ.get("VX_CACHE_DIR") or "~/.cache/vx"
-    return os.path.join(os.path.abspath(os.path.expanduser(root)), "bench")
+    from vx import envs
+
+    return os.path.join(envs.VX_CACHE_DIR.get(), "bench")
 
 
 def build_random_model(name: str, dirpath: str, seed: int = 0) -> str:

@@ -10,6 +10,7 @@ import sys
 import typing
 from typing import Any
 
+from vx import envs
 from vx.config import EngineArgs
 
 
@@ -143,7 +144,7 @@ def _serve(ns: argparse.Namespace) -> None:
     if chat_template is not None and os.path.isfile(chat_template):
         with open(chat_template, encoding="utf-8") as f:
             chat_template = f.read()
-    app = build_app(llm, served_model_names=ns.served_model_name, api_key=ns.api_key or os.environ.get("VX_API_KEY"),
+    app = build_app(llm, served_model_names=ns.served_model_name, api_key=ns.api_key or envs.VX_API_KEY.get(),
                     chat_template=chat_template)
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level, timeout_graceful_shutdown=5)
 

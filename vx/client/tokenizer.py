@@ -8,9 +8,10 @@ Everything else goes through `AutoTokenizer` so that its model-specific fix-ups 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Any
+
+from vx.config import read_json
 
 if TYPE_CHECKING:  # the real import is deferred: importing transformers costs about a second
     from transformers import PreTrainedTokenizerFast
@@ -33,7 +34,7 @@ def load_tokenizer(path: str | os.PathLike) -> "PreTrainedTokenizerFast":
             f"No tokenizer found in {path!r}: expected one of {', '.join(_TOKENIZER_FILES)}. "
             "Pass tokenizer='dir/with/tokenizer.json'."
         )
-    config = _read_json(os.path.join(path, "tokenizer_config.json"))
+    config = read_json(os.path.join(path, "tokenizer_config.json"))
     try:
         if _is_generic(path, config):
             from transformers import PreTrainedTokenizerFast
@@ -56,15 +57,6 @@ def _is_generic(path: str, config: dict[str, Any]) -> bool:
     if not os.path.isfile(os.path.join(path, "tokenizer.json")) or "auto_map" in config:
         return False
     return config.get("tokenizer_class") in _GENERIC_CLASSES
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def eos_token_ids(tokenizer: Any, extra: list[int] | None = None) -> list[int]:

@@ -9,31 +9,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from vx.config import hf_head_dim, hf_num_kv_heads
 from vx.gpu.attention.backend import AttentionBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.models.layers.attention import Attention
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).replace("torch.", "")]
-    except KeyError:
-        raise ValueError(f"Unsupported KV-cache dtype {dtype!r}; use one of {', '.join(_DTYPES)}.") from None
+from vx.platform import torch_dtype
 
 
 def _model_dims(model_config: Any) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim) from a vx ModelConfig or a Hugging Face config."""
     if hasattr(model_config, "num_layers"):
         return int(model_config.num_layers), int(model_config.num_kv_heads), int(model_config.head_dim)
-    c = model_config
-    heads = int(c.num_attention_heads)
-    kv = int(getattr(c, "num_key_value_heads", None) or heads)
-    hd = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
-    return int(c.num_hidden_layers), kv, hd
+    return int(model_config.num_hidden_layers), hf_num_kv_heads(model_config), hf_head_dim(model_config)
 
 
 def bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype | str,
@@ -41,7 +28,7 @@ def bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype | str
     """KV-cache bytes one block costs across all layers (to size num_blocks from a memory budget)."""
     layers, kv_heads, head_dim = _model_dims(model_config)
     per_layer = math.prod(backend.get_kv_cache_shape(1, block_size, kv_heads, head_dim))
-    return layers * per_layer * _as_dtype(dtype).itemsize
+    return layers * per_layer * torch_dtype(dtype).itemsize
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:
@@ -63,7 +50,7 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
     caches: list[torch.Tensor] = []
     for layer in layers:
         shape = backend.get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-        cache = _zeroed(shape, _as_dtype(dtype), torch.device(device))
+        cache = _zeroed(shape, torch_dtype(dtype), torch.device(device))
         layer.kv_cache = cache
         layer.impl = impl_cls(layer.num_heads, layer.head_dim, layer.scale, layer.num_kv_heads,
                               sliding_window=layer.sliding_window)

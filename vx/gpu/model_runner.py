@@ -18,10 +18,9 @@ from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
 from vx.models.loader import DefaultModelLoader
+from vx.platform import torch_dtype
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunner:
@@ -31,7 +30,7 @@ class ModelRunner:
         self.config = config
         self.model_config = config.model_config
         self.device = device
-        self.dtype = _DTYPES[config.model_config.dtype]
+        self.dtype = torch_dtype(config.model_config.dtype)
         self.block_size = config.cache_config.block_size
         self.input_batch = InputBatch(self.block_size, device, config.model_config.seed)
         self.sampler = Sampler()

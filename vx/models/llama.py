@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from vx.config import hf_head_dim, hf_num_kv_heads
 from vx.models.layers.activation import SiluAndMul
 from vx.models.layers.attention import Attention
 from vx.models.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -21,10 +22,6 @@ from vx.models.layers.rotary import RotaryEmbedding, get_rope
 from vx.models.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
 logger = logging.getLogger(__name__)
-
-
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def _sliding_window(config: Any, layer_idx: int) -> int | None:
@@ -58,9 +55,9 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         model_type = getattr(config, "model_type", "llama")
-        self.head_dim = _head_dim(config)
+        self.head_dim = hf_head_dim(config)
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.num_kv_heads = hf_num_kv_heads(config)
         attention_bias = bool(getattr(config, "attention_bias", False))
         qkv_bias = True if model_type == "qwen2" else attention_bias
         o_bias = False if model_type == "qwen2" else attention_bias
@@ -123,7 +120,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.rotary_emb = get_rope(config, _head_dim(config))
+        self.rotary_emb = get_rope(config, hf_head_dim(config))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -142,11 +139,6 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Causal LM head on `LlamaModel`; serves LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM."""
 
-    # Fused parameter -> the checkpoint projections it holds, in order.
-    packed_modules_mapping: dict[str, list[str]] = {
-        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-        "gate_up_proj": ["gate_proj", "up_proj"],
-    }
     # (fused name, checkpoint name, shard id) for the weight loader.
     _stacked_params: list[tuple[str, str, str | int]] = [
         ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),

@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 
-from vx.gpu.attention import CpuAttentionBackend, TorchAttentionBackend, get_attn_backend
+from vx.gpu.attention import get_attn_backend
+from vx.gpu.attention.cpu_backend import CpuAttentionBackend
+from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
 

@@ -12,7 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attn_cases import compare, make_case  # noqa: E402
 from paged_utils import make_common_metadata  # noqa: E402
 
-from vx.gpu.attention import FlashAttnBackend, TorchAttentionBackend, get_attn_backend  # noqa: E402
+from vx.gpu.attention import get_attn_backend  # noqa: E402
+from vx.gpu.attention.flash_attn_backend import FlashAttnBackend  # noqa: E402
+from vx.gpu.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 
 
 def test_gather_metadata_below_256_token_blocks():
@@ -25,7 +27,7 @@ def test_gather_metadata_below_256_token_blocks():
     assert md.cu_seqlens_q.tolist() == [0, 2, 5, 6]
     expected = [bt[p // 4] * 4 + p % 4 for bt, n in zip(tables, (5, 3, 9)) for p in range(n)]
     assert md.ctx_slots.tolist() == expected
-    assert md.write_rows is None and md.slot_mapping.tolist() == [23, 8, 28, 29, 30, 4]
+    assert md.kv_write.rows is None and md.kv_write.slots.tolist() == [23, 8, 28, 29, 30, 4]
 
 
 def test_constraints():

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vx.gpu.attention import CommonAttentionMetadata, CpuAttentionBackend, TorchAttentionBackend, get_attn_backend
+from vx.gpu.attention import CommonAttentionMetadata, get_attn_backend
+from vx.gpu.attention.cpu_backend import CpuAttentionBackend
 from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+from vx.gpu.attention.torch_backend import TorchAttentionBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
 from paged_utils import make_common_metadata  # noqa: E402
@@ -106,7 +108,7 @@ def test_metadata_split_and_contiguous_decode_rows():
     assert md.decode_mask(1, 2)[0, 0, 0].tolist() == [False, True, True, False]  # sliding window of 2
     common = make_common_metadata([0, 3, 3], [6, 1, 1], [[0, 1], [2], [3]], BLOCK_SIZE)
     md = TorchAttentionBackend.build_metadata(common)
-    assert [g.rows for g in md.decode_groups] == [slice(6, 8)] and md.write_rows is None
+    assert [g.rows for g in md.decode_groups] == [slice(6, 8)] and md.kv_write.rows is None
 
 
 def test_selector():

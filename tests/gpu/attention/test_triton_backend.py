@@ -23,8 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attn_cases import compare, make_case  # noqa: E402
 
-from vx.gpu.attention import (  # noqa: E402
-    FlashAttnBackend, TorchAttentionBackend, TritonAttentionBackend, get_attn_backend)
+from vx.gpu.attention import get_attn_backend  # noqa: E402
+from vx.gpu.attention.flash_attn_backend import FlashAttnBackend  # noqa: E402
+from vx.gpu.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from vx.gpu.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 F32, F16 = torch.float32, torch.float16

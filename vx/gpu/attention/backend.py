@@ -2,7 +2,8 @@
 
 A backend owns its KV-cache layout and turns the backend-independent `CommonAttentionMetadata` (built by
 the ModelRunner each step) into whatever its kernels want; the model passes that result through to every
-Attention layer untouched.
+Attention layer untouched. What every vx backend shares is written here once: the KV layout
+[2, num_blocks, block_size, num_kv_heads, head_dim], the write of new k/v by slot, the zeroed padding rows.
 """
 
 from __future__ import annotations
@@ -36,6 +37,40 @@ class CommonAttentionMetadata:
     block_size: int
 
 
+@dataclass
+class KVCacheWrite:
+    """Where one step's new k/v rows go in the cache: built once per step, applied by every layer."""
+
+    slots: torch.Tensor         # int64 [num written rows]: the cache slot of each written row
+    rows: torch.Tensor | None   # int64: the batch rows written, or None = rows [0, len(slots))
+
+    @classmethod
+    def from_common(cls, common: CommonAttentionMetadata) -> KVCacheWrite:
+        """The actual tokens' slots, without the padding ones (slot -1)."""
+        slots = common.slot_mapping[:common.num_actual_tokens].long()
+        valid = slots >= 0
+        if bool(valid.all()):  # one host sync per step, not per layer
+            return cls(slots, None)
+        rows = valid.nonzero().squeeze(1)
+        return cls(slots[rows], rows)
+
+    def apply(self, key_slots: torch.Tensor, value_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k/v [T, kv_heads, head_dim] into the caches' slot views (see `slot_views`)."""
+        if self.rows is None:
+            n = self.slots.shape[0]
+            k, v = k[:n], v[:n]
+        else:
+            k, v = k.index_select(0, self.rows), v.index_select(0, self.rows)
+        key_slots.index_copy_(0, self.slots, k.to(key_slots.dtype))
+        value_slots.index_copy_(0, self.slots, v.to(value_slots.dtype))
+
+
+def slot_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's key and value caches as [num_blocks * block_size, kv_heads, head_dim] views: row = slot."""
+    num_kv_heads, head_dim = kv_cache.shape[-2:]
+    return kv_cache[0].view(-1, num_kv_heads, head_dim), kv_cache[1].view(-1, num_kv_heads, head_dim)
+
+
 class AttentionImpl(ABC):
     """Per-layer attention computation of a backend (stateless apart from the layer's shape)."""
 
@@ -52,19 +87,30 @@ class AttentionImpl(ABC):
                 attn_metadata: Any) -> torch.Tensor:
         """Store k/v [T, kv_heads*head_dim] in kv_cache, attend q [T, heads*head_dim]; -> [T, heads*head_dim]."""
 
+    def new_output(self, q: torch.Tensor, num_actual_tokens: int) -> torch.Tensor:
+        """The [T, heads*head_dim] output buffer; its padding rows (past the actual tokens) are zeroed."""
+        out = q.new_empty(q.shape[0], self.num_heads * self.head_dim)
+        if q.shape[0] > num_actual_tokens:
+            out[num_actual_tokens:].zero_()  # a defined output, never attended
+        return out
+
 
 class AttentionBackend(ABC):
-    """A family of attention kernels with its KV layout and metadata builder."""
+    """A family of attention kernels with its KV layout and metadata builder.
+
+    The selector asks `unavailable_reason`, `unsupported_reason` and `is_paged`; their defaults describe a
+    backend that runs wherever torch does, for any shape, straight from the cache.
+    """
 
     @staticmethod
     @abstractmethod
     def get_name() -> str:
-        """Short name, as accepted by `attention_backend=`."""
+        """Short name, as accepted by `attention_backend=` (its key in `vx.attention_backends`)."""
 
     @staticmethod
-    @abstractmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """Shape of one layer's KV-cache tensor."""
+        """Shape of one layer's KV-cache tensor: keys and values, each [num_blocks, block_size, kv_heads, head_dim]."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     @staticmethod
     @abstractmethod
@@ -75,3 +121,19 @@ class AttentionBackend(ABC):
     @abstractmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> Any:
         """Backend-specific metadata for one step, shared by every layer."""
+
+    @staticmethod
+    def unavailable_reason(device_type: str) -> str | None:
+        """Why the backend cannot run on `device_type` ('cpu'/'cuda') in this process (None = it can)."""
+        return None
+
+    @staticmethod
+    def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                           block_size: int | None = None) -> str | None:
+        """Why the backend cannot serve this shape (None = it can); arguments left at None are not checked."""
+        return None
+
+    @staticmethod
+    def is_paged(block_size: int) -> bool:
+        """Whether it attends straight from cache blocks of this size (False: it gathers a copy every layer)."""
+        return True

@@ -38,6 +38,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def get_impl_cls() -> type[AttentionImpl]:
         return CpuAttentionImpl
 
+    # Every shape is accepted (the default unsupported_reason): what the kernel does not handle falls back to
+    # the torch path.
     @staticmethod
     def unavailable_reason(device_type: str) -> str | None:
         """Why this backend cannot run here (None = it can)."""
@@ -45,12 +47,6 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return "it runs on the CPU only"
         if load_paged_decode_kernel() is None:
             return "its C kernel could not be built (no C compiler, or VX_CPU_KERNELS=0)"
-        return None
-
-    @staticmethod
-    def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
-                           block_size: int | None = None) -> str | None:
-        """Shapes are always accepted: what the kernel does not handle falls back to the torch path."""
         return None
 
     @classmethod

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import torch
 
+from vx import envs
+from vx.platform import cpu_flags
+
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
@@ -66,7 +69,7 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode_kernel() -> PagedDecodeKernel | None:
     """The paged decode kernel, built if needed; None when kernels are off or cannot be built here."""
-    if os.environ.get("VX_CPU_KERNELS", "1") == "0":
+    if not envs.VX_CPU_KERNELS.get():
         return None
     lib_path = _build("paged_decode")
     if lib_path is None:
@@ -85,8 +88,8 @@ def _build(name: str) -> Path | None:
         return None
     source = (_CSRC / f"{name}.c").read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *_CFLAGS, *_LDFLAGS]).encode() + _compiler_version(compiler)
-                         + _cpu_flags()).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("VX_CACHE_DIR", Path.home() / ".cache" / "vx")) / "kernels"
+                         + " ".join(cpu_flags()).encode()).hexdigest()[:16]
+    cache_dir = Path(envs.VX_CACHE_DIR.get()) / "kernels"
     target = cache_dir / f"{name}-{key}.so"
     if target.exists():
         return target
@@ -113,15 +116,3 @@ def _compiler_version(compiler: str) -> bytes:
         return subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return b""
-
-
-def _cpu_flags() -> bytes:
-    """The CPU's feature flags (what -march=native compiles for); empty where /proc/cpuinfo does not exist."""
-    try:
-        with open("/proc/cpuinfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"flags"):
-                    return line
-    except OSError:
-        pass
-    return b""

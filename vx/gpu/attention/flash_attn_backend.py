@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite, slot_views
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 PAGED_BLOCK_MULTIPLE = 256  # FA2's paged-KV page size requirement
@@ -51,8 +51,7 @@ class FlashAttnMetadata:
     max_query_len: int
     max_seq_len: int
     block_table: torch.Tensor        # int32 [num_reqs, max_blocks], device
-    slot_mapping: torch.Tensor       # int64 [num written tokens]
-    write_rows: torch.Tensor | None  # rows of k/v to write, or None = rows [0, num_actual_tokens)
+    kv_write: KVCacheWrite           # where the step's new k/v go
     paged: bool                      # attend from the cache through block_table (else gather ctx_slots)
     ctx_slots: torch.Tensor | None   # int64 [sum(seq_lens)]: cache slot of every context position
 
@@ -65,18 +64,14 @@ class FlashAttnBackend(AttentionBackend):
         return "flash_attn"
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
-
-    @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return FlashAttnImpl
 
     @staticmethod
-    def unavailable_reason(device: str) -> str | None:
-        """Why the backend cannot run on `device` in this process (None = it can)."""
-        if device != "cuda":
-            return f"flash_attn needs CUDA, not device {device!r}"
+    def unavailable_reason(device_type: str) -> str | None:
+        """Why the backend cannot run on `device_type` in this process (None = it can)."""
+        if device_type != "cuda":
+            return f"flash_attn needs CUDA, not device {device_type!r}"
         if not torch.cuda.is_available():
             return "flash_attn needs CUDA, and torch sees no CUDA device"
         if torch.cuda.get_device_capability()[0] < 8:
@@ -88,7 +83,7 @@ class FlashAttnBackend(AttentionBackend):
         return None
 
     @staticmethod
-    def unsupported_reason(dtype: torch.dtype | None = None, head_dim: int | None = None,
+    def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
                            block_size: int | None = None) -> str | None:
         """Why this backend cannot serve the given shape (None = it can); unknown arguments pass."""
         if dtype is not None and dtype not in SUPPORTED_DTYPES:
@@ -110,12 +105,6 @@ class FlashAttnBackend(AttentionBackend):
         n = common.num_actual_tokens
         bs = common.block_size
         device = common.block_table.device
-        slot_mapping = common.slot_mapping[:n].long()
-        valid = slot_mapping >= 0
-        write_rows = None
-        if not bool(valid.all()):  # one sync per step, not per layer
-            write_rows = valid.nonzero().squeeze(1)
-            slot_mapping = slot_mapping[write_rows]
         seq_lens = common.seq_lens[:common.num_reqs].to(torch.int32)
         cu_k = torch.zeros(common.num_reqs + 1, dtype=torch.int32, device=device)
         torch.cumsum(seq_lens, 0, out=cu_k[1:])
@@ -133,8 +122,7 @@ class FlashAttnBackend(AttentionBackend):
         return FlashAttnMetadata(
             num_actual_tokens=n, cu_seqlens_q=common.query_start_loc[:common.num_reqs + 1].to(torch.int32),
             cu_seqlens_k=cu_k, max_query_len=common.max_query_len, max_seq_len=common.max_seq_len,
-            block_table=block_table, slot_mapping=slot_mapping, write_rows=write_rows, paged=paged,
-            ctx_slots=ctx_slots)
+            block_table=block_table, kv_write=KVCacheWrite.from_common(common), paged=paged, ctx_slots=ctx_slots)
 
 
 class FlashAttnImpl(AttentionImpl):
@@ -153,18 +141,10 @@ class FlashAttnImpl(AttentionImpl):
         k = k.reshape(num_tokens, hk, d)
         v = v.reshape(num_tokens, hk, d)
         key_cache, value_cache = kv_cache[0], kv_cache[1]
-        flat_k = key_cache.view(-1, hk, d)
-        flat_v = value_cache.view(-1, hk, d)
-        if md.write_rows is None:
-            flat_k.index_copy_(0, md.slot_mapping, k[:n].to(kv_cache.dtype))
-            flat_v.index_copy_(0, md.slot_mapping, v[:n].to(kv_cache.dtype))
-        else:
-            flat_k.index_copy_(0, md.slot_mapping, k.index_select(0, md.write_rows).to(kv_cache.dtype))
-            flat_v.index_copy_(0, md.slot_mapping, v.index_select(0, md.write_rows).to(kv_cache.dtype))
+        flat_k, flat_v = slot_views(kv_cache)
+        md.kv_write.apply(flat_k, flat_v, k, v)
 
-        out = q.new_empty(num_tokens, h * d)
-        if num_tokens > n:
-            out[n:].zero_()  # padding rows: defined output, never attended
+        out = self.new_output(q, n)
         if n == 0:
             return out
         fn = _varlen_func()[0]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite, slot_views
 
 
 @dataclass
@@ -54,8 +54,7 @@ class TorchAttentionMetadata:
     """Per-step index tensors for the torch backend (built once, read by every layer)."""
 
     num_actual_tokens: int
-    slot_mapping: torch.Tensor               # int64 [num written tokens]
-    write_rows: torch.Tensor | None          # rows of k/v to write, or None = rows [0, num_actual_tokens)
+    kv_write: KVCacheWrite                   # where the step's new k/v go
     num_decodes: int
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpec]
@@ -103,25 +102,14 @@ class TorchAttentionBackend(AttentionBackend):
         return "torch"
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
-
-    @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchAttentionImpl
 
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         """Split the batch into decodes and prefills and precompute their gather indices."""
-        n = common.num_actual_tokens
         bs = common.block_size
         device = common.block_table.device
-        slot_mapping = common.slot_mapping[:n].long()
-        valid = slot_mapping >= 0
-        write_rows = None
-        if not bool(valid.all()):  # one sync per step, not per layer
-            write_rows = valid.nonzero().squeeze(1)
-            slot_mapping = slot_mapping[write_rows]
         qsl = common.query_start_loc_cpu.tolist()
         seq_lens = common.seq_lens_cpu.tolist()
         decode_reqs: list[int] = []
@@ -140,8 +128,8 @@ class TorchAttentionBackend(AttentionBackend):
             prefills.append(PrefillSpec(start, end, seq_len, ctx_slots))
         groups = [_decode_group(common, g, qsl, seq_lens) for g in _group_by_length(decode_reqs, seq_lens)]
         return TorchAttentionMetadata(
-            num_actual_tokens=n, slot_mapping=slot_mapping, write_rows=write_rows, num_decodes=len(decode_reqs),
-            decode_groups=groups, prefills=prefills, decode_reqs=decode_reqs)
+            num_actual_tokens=common.num_actual_tokens, kv_write=KVCacheWrite.from_common(common),
+            num_decodes=len(decode_reqs), decode_groups=groups, prefills=prefills, decode_reqs=decode_reqs)
 
 
 # A decode group holds requests whose context is at least this fraction of its longest one: padding then
@@ -189,22 +177,13 @@ class TorchAttentionImpl(AttentionImpl):
         """Write k/v at the step's slots, then attend decodes (batched) and prefills (one by one)."""
         md = attn_metadata
         num_tokens = q.shape[0]
-        n = md.num_actual_tokens
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         k = k.reshape(num_tokens, hk, d)
         v = v.reshape(num_tokens, hk, d)
-        key_cache = kv_cache[0].view(-1, hk, d)
-        value_cache = kv_cache[1].view(-1, hk, d)
-        if md.write_rows is None:
-            key_cache.index_copy_(0, md.slot_mapping, k[:n])
-            value_cache.index_copy_(0, md.slot_mapping, v[:n])
-        else:
-            key_cache.index_copy_(0, md.slot_mapping, k.index_select(0, md.write_rows))
-            value_cache.index_copy_(0, md.slot_mapping, v.index_select(0, md.write_rows))
+        key_cache, value_cache = slot_views(kv_cache)
+        md.kv_write.apply(key_cache, value_cache, k, v)
 
-        out = q.new_empty(num_tokens, h * d)
-        if num_tokens > n:
-            out[n:].zero_()  # padding rows: defined output, never attended
+        out = self.new_output(q, md.num_actual_tokens)
         if md.num_decodes:
             self._decode(q, kv_cache, md, out)
         gqa = h != hk

@@ -109,28 +109,24 @@ class TritonAttentionBackend(AttentionBackend):
         return "triton"
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
-
-    @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TritonAttentionImpl
 
     @staticmethod
-    def unavailable_reason(device: str) -> str | None:
-        """Why the backend cannot run on `device` ('cpu'/'cuda') in this process (None = it can)."""
+    def unavailable_reason(device_type: str) -> str | None:
+        """Why the backend cannot run on `device_type` ('cpu'/'cuda') in this process (None = it can)."""
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed"
-        if device == "cuda":
+        if device_type == "cuda":
             return None if torch.cuda.is_available() else "triton needs CUDA, and torch sees no CUDA device"
-        if device == "cpu":
+        if device_type == "cpu":
             if os.environ.get("TRITON_INTERPRET") == "1":
                 return None
             return "triton needs CUDA or TRITON_INTERPRET=1 (the interpreter, for tests) on device 'cpu'"
-        return f"triton runs on CUDA only, not on {device!r}"
+        return f"triton runs on CUDA only, not on {device_type!r}"
 
     @staticmethod
-    def unsupported_reason(dtype: torch.dtype | None = None, head_dim: int | None = None,
+    def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
                            block_size: int | None = None) -> str | None:
         """Why this backend cannot serve the given shape (None = it can); unknown arguments pass."""
         if dtype is not None and dtype not in SUPPORTED_DTYPES:
@@ -189,9 +185,7 @@ class TritonAttentionImpl(AttentionImpl):
                 k, v, key_cache, value_cache, md.slot_mapping,
                 k.stride(0), v.stride(0), slot_stride, ROW=hk * d, ROW_PAD=row_pad)
 
-        out = torch.empty(num_tokens, h * d, dtype=q.dtype, device=q.device)
-        if num_tokens > n:
-            out[n:].zero_()  # padding rows: defined output, never attended
+        out = self.new_output(q, n)
         if n == 0:
             return out
         cfg = tile_config(h, hk, d, kv_cache.dtype, md.max_query_len <= 1)

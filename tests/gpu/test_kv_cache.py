@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from vx.gpu.attention import TorchAttentionBackend
+from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.gpu.attention.torch_backend import TorchAttentionImpl
 from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
 from vx.models.layers.attention import Attention

@@ -1,0 +1,54 @@
+"""Every `VX_*` environment variable vx reads, declared once and typed.
+
+A variable is read when asked (`envs.VX_CACHE_DIR.get()`), never at import, so a test can monkeypatch the
+environment. Unset and empty mean the same: the default. docs/configuration.md lists exactly these, and a
+test holds the two together.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """One environment variable: its name, its default (as written in the environment), how it parses, why."""
+
+    name: str
+    default: str
+    parse: Callable[[str], T]
+    meaning: str
+
+    def get(self) -> T:
+        """The variable's value now: the environment as it is at this call, parsed; its default when unset."""
+        return self.parse(os.environ.get(self.name) or self.default)
+
+
+def _path(value: str) -> str:
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def _switch(value: str) -> bool:
+    return value != "0"
+
+
+def _optional(value: str) -> str | None:
+    return value or None
+
+
+VX_CACHE_DIR: EnvVar[str] = EnvVar(
+    "VX_CACHE_DIR", "~/.cache/vx", _path,
+    "where vx keeps what it builds once: models converted from GGUF (`gguf/`) and compiled CPU kernels "
+    "(`kernels/`)")
+
+VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
+    "VX_CPU_KERNELS", "1", _switch,
+    "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`")
+
+VX_API_KEY: EnvVar[str | None] = EnvVar(
+    "VX_API_KEY", "", _optional,
+    "the key `vx serve` requires as `Authorization: Bearer KEY` on /v1/* when `--api-key` is not given")

@@ -1,0 +1,59 @@
+"""Picking an attention backend by name: the registry's classes, imported only when asked for."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from vx.attention_backends import ATTENTION_BACKEND_NAMES, AUTO, BACKEND_CLASSES
+from vx.gpu.attention.backend import AttentionBackend
+
+# What 'auto' tries before torch (which runs anywhere), best first: on CUDA flash_attn, then triton; elsewhere
+# the cpu backend (torch with a C decode kernel).
+_AUTO_ORDER_CUDA = ("flash_attn", "triton")
+_AUTO_ORDER_ELSEWHERE = ("cpu",)
+
+
+def load_backend(name: str) -> type[AttentionBackend]:
+    """The backend class registered as `name`, its module imported now (and kept by Python's import cache)."""
+    try:
+        module, _, cls = BACKEND_CLASSES[name].partition(":")
+    except KeyError:
+        raise ValueError(f"Unknown attention_backend {name!r}; choose one of: "
+                         f"{', '.join(ATTENTION_BACKEND_NAMES)}.") from None
+    return getattr(importlib.import_module(module), cls)
+
+
+def backend_problem(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
+                    head_dim: int | None = None, block_size: int | None = None) -> str | None:
+    """Why backend `name` cannot serve this device/shape (None = it can). 'torch' always can."""
+    cls = load_backend(name)
+    return (cls.unavailable_reason(torch.device(device).type)
+            or cls.unsupported_reason(dtype=dtype, head_dim=head_dim, block_size=block_size))
+
+
+def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
+                     head_dim: int | None = None, block_size: int | None = None) -> type[AttentionBackend]:
+    """The backend class for `name` on `device`; the keyword arguments, when given, are checked too.
+
+    'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
+    is known, only if it is a multiple of 256: below that flash_attn gathers the context every layer),
+    else triton if available, else torch; on CPU it takes cpu (torch with a C decode kernel) when that kernel
+    builds, else torch. Naming an unavailable backend raises a
+    ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, for tests).
+    """
+    shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size)
+    if name == AUTO:
+        order = _AUTO_ORDER_CUDA if torch.device(device).type == "cuda" else _AUTO_ORDER_ELSEWHERE
+        for candidate in order:
+            cls = load_backend(candidate)
+            # A backend that would gather the context every layer is not chosen unasked.
+            paged = block_size is None or cls.is_paged(block_size)
+            if paged and backend_problem(candidate, device, **shape) is None:
+                return cls
+        return load_backend("torch")
+    reason = backend_problem(name, device, **shape)
+    if reason is not None:
+        raise ValueError(f"attention_backend={name!r} is unavailable: {reason}.")
+    return load_backend(name)

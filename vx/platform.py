@@ -1,0 +1,97 @@
+"""Device, dtype and CPU-feature questions.
+
+Importing this module imports no torch: the application's process asks some of these questions too, and
+answers them without torch where it can (`resolve_device` on a machine with no NVIDIA driver).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_NAMES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""The dtypes a model runs in, by their torch names."""
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype for a name in DTYPE_NAMES (a "torch." prefix allowed); a torch dtype is returned as is."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"Unsupported dtype {dtype!r}; use one of {', '.join(DTYPE_NAMES)}.")
+    return getattr(torch, name)
+
+
+def resolve_device(device: str) -> str:
+    """'cpu' or 'cuda' for the user's `device` ('auto' picks CUDA when torch sees a device)."""
+    if device == "auto" and not may_have_cuda():
+        return "cpu"  # and torch (seconds to import) stays out of the application's process
+    if device != "auto":
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("device='cuda' was asked for but CUDA is not available.")
+        return device
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "cpu"
+
+
+def may_have_cuda() -> bool:
+    """False when this machine surely has no CUDA device: no NVIDIA driver is loaded and none is visible."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl") \
+        or sys.platform not in ("linux", "darwin")  # elsewhere we cannot tell cheaply: ask torch
+
+
+def resolve_dtype(dtype: str, device: str, hf_config: Any) -> str:
+    """A name in DTYPE_NAMES for the user's `dtype`; 'auto' depends on the device and the checkpoint."""
+    if dtype != "auto":
+        return dtype
+    if device == "cpu":
+        return "bfloat16" if cpu_has_native_bf16() else "float32"
+    cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    name = str(cfg).replace("torch.", "") if cfg is not None else "bfloat16"
+    return name if name in ("bfloat16", "float16") else "bfloat16"
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (what -march=native compiles for); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return tuple(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return ()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AMX or AVX512-BF16).
+
+    Measured (`vx bench roofline --dtypes float32,bfloat16`): with AMX, bf16 GEMMs run ~3-4x faster than
+    float32; without these units torch emulates bf16 and float32 is faster, so it stays the CPU default.
+    """
+    flags = cpu_flags()
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def prefer_passive_openmp_wait() -> None:
+    """Make OpenMP threads sleep while they wait, unless the user chose; only before torch loads (it reads it once)."""
+    if "torch" not in sys.modules:
+        # OpenMP threads that spin while they wait collapse as soon as anything else wants a core
+        # (another process, vx's own threads): 16 streams on 2 cores took 104 s spinning, 8 s passive.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
