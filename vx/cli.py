@@ -133,6 +133,7 @@ def _serve(ns: argparse.Namespace) -> None:
         import uvicorn
 
         from vx.serve.app import build_app
+        from vx.serve.template_sandbox import TemplateLimits
     except ImportError as e:
         raise SystemExit(f"vx serve needs the server dependencies: pip install 'vx[serve]' ({e})") from None
     from vx.client.async_llm import AsyncLLM
@@ -144,8 +145,11 @@ def _serve(ns: argparse.Namespace) -> None:
     if chat_template is not None and os.path.isfile(chat_template):
         with open(chat_template, encoding="utf-8") as f:
             chat_template = f.read()
+    limits = TemplateLimits(timeout_s=ns.chat_template_timeout, max_output_chars=ns.chat_template_max_output_chars,
+                            max_memory_mb=ns.chat_template_max_memory_mb, workers=ns.chat_template_workers)
     app = build_app(llm, served_model_names=ns.served_model_name, api_key=ns.api_key or envs.VX_API_KEY.get(),
-                    chat_template=chat_template)
+                    chat_template=chat_template, trust_request_chat_template=ns.trust_request_chat_template,
+                    chat_template_limits=limits)
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level, timeout_graceful_shutdown=5)
 
 
@@ -170,6 +174,24 @@ def _bench(ns: argparse.Namespace, rest: list[str]) -> None:
     get_main(name)(rest)
 
 
+def add_chat_template_args(parser: argparse.ArgumentParser) -> None:
+    """`vx serve`'s chat-template flags: whether requests may bring their own, and what rendering one may cost."""
+    from vx.serve.template_sandbox import TemplateLimits  # no server dependencies: a dataclass
+
+    d = TemplateLimits()
+    group = parser.add_argument_group("chat templates (every template renders in a sandboxed renderer process)")
+    group.add_argument("--trust-request-chat-template", action="store_true",
+                       help="accept a `chat_template` in chat requests (default: refused with a 400)")
+    group.add_argument("--chat-template-timeout", type=float, default=d.timeout_s, metavar="SECONDS",
+                       help=f"wall-clock limit of one render (default: {d.timeout_s:g})")
+    group.add_argument("--chat-template-max-output-chars", type=int, default=d.max_output_chars, metavar="N",
+                       help=f"longest rendered prompt (default: {d.max_output_chars})")
+    group.add_argument("--chat-template-max-memory-mb", type=int, default=d.max_memory_mb, metavar="MB",
+                       help=f"memory a render may allocate, where RLIMIT_AS exists (default: {d.max_memory_mb})")
+    group.add_argument("--chat-template-workers", type=int, default=d.workers, metavar="N",
+                       help=f"renderer processes at most (default: {d.workers})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vx", description="vx: embeddable LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: the --model argument)")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
+    add_chat_template_args(p)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
     # No -h of its own: `vx bench NAME --help` reaches the benchmark's parser (`vx bench help` lists them).

@@ -24,6 +24,7 @@ from vx.serve.errors import APIError, install_error_handlers
 from vx.serve.metrics import ServerMetrics
 from vx.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from vx.serve.state import ServerState
+from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
 logger = logging.getLogger(__name__)
 
@@ -32,26 +33,34 @@ _ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 
 def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key: str | None = None,
-              chat_template: str | None = None, start_engine: bool = True) -> FastAPI:
+              chat_template: str | None = None, start_engine: bool = True, trust_request_chat_template: bool = False,
+              chat_template_limits: TemplateLimits | None = None) -> FastAPI:
     """A FastAPI app serving `llm` (a `vx.AsyncLLM`) under `served_model_names` (default: its model argument).
 
     With `start_engine=True` the app's lifespan runs `async with llm`; pass False for an engine the caller
     already started (and will stop). `api_key`, if set, is required as `Authorization: Bearer <key>` on /v1/*.
+    A request's own `chat_template` is refused unless `trust_request_chat_template`; every template renders in
+    renderer processes under `chat_template_limits` (vx/serve/template_sandbox.py).
     """
     names = list(served_model_names or [])
     if not names:
         names = [llm.engine_args.model or _default_model_name()]
     state = ServerState(llm=llm, served_model_names=names, api_key=api_key or None, chat_template=chat_template,
-                        metrics=ServerMetrics())
+                        metrics=ServerMetrics(), trust_request_chat_template=trust_request_chat_template,
+                        templates=TemplateSandbox(chat_template_limits))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not start_engine:
-            yield
-            return
-        async with llm:
-            logger.info("vx serve: the engine is ready; serving %s", ", ".join(names))
-            yield
+        await state.templates.warm()  # a renderer imports its libraries while the engine starts
+        try:
+            if not start_engine:
+                yield
+                return
+            async with llm:
+                logger.info("vx serve: the engine is ready; serving %s", ", ".join(names))
+                yield
+        finally:
+            await state.templates.aclose()
 
     app = FastAPI(title="vx", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.vx = state

@@ -64,9 +64,15 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
         if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}.", "top_logprobs")
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
+    if req.chat_template and not state.trust_request_chat_template:
+        raise bad_request("This server does not accept a chat_template in the request: start it with "
+                          "--trust-request-chat-template to allow that.", "chat_template")
     chat_template = req.chat_template or state.chat_template
-    prompt_ids = chat_prompt_ids(state.tokenizer, req.messages, tools=req.tools if tool_choice != "none" else None,
-                                 chat_template=chat_template, add_generation_prompt=req.add_generation_prompt)
+    prompt_ids = await chat_prompt_ids(state.templates, state.tokenizer, req.messages,
+                                       tools=req.tools if tool_choice != "none" else None,
+                                       chat_template=chat_template, trusted=not req.chat_template,
+                                       add_generation_prompt=req.add_generation_prompt,
+                                       max_model_len=state.max_model_len, tokenize_limiter=state.tokenize_limiter)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
                              structured=structured)

@@ -1,4 +1,7 @@
-"""OpenAI chat messages -> the model's prompt token ids, through its chat template.
+"""OpenAI chat messages -> the model's prompt token ids, through its chat template, without blocking the event loop.
+
+The template renders in a renderer process (vx/serve/template_sandbox.py: bounded in time, memory and output
+size) and the text is tokenized in a worker thread (vx/serve/tokenize.py).
 
 OpenAI messages carry things many templates do not handle: content as a list of parts, `content: null` next to
 `tool_calls`, `tool` results. They are normalized here so that any template renders them; for a template that
@@ -9,11 +12,16 @@ parser reads back) and earlier tool calls are written into the assistant's text 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from vx.client.chat import render_chat_prompt
-from vx.serve.errors import bad_request
+import anyio
+
+from vx.serve.errors import APIError, bad_request
 from vx.serve.protocol import ToolDefinition
+from vx.serve.template_sandbox import RendererUnavailable, TemplateRenderError, TemplateSandbox
+from vx.serve.tokenize import encode_prompt, in_thread
 from vx.serve.tool_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 _TOOLS_SYSTEM_PROMPT = """# Tools
@@ -31,9 +39,18 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[ToolDefinition] | None,
-                    chat_template: str | None, add_generation_prompt: bool = True) -> list[int]:
-    """Render and tokenize the conversation; a 400 for messages or a template that cannot be rendered."""
+@dataclass
+class ChatRender:
+    """What the renderer gets: the resolved template, the normalized messages, the tools the template sees."""
+
+    template: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+def prepare_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[ToolDefinition] | None,
+                 chat_template: str | None) -> ChatRender:
+    """Normalize the messages and pick the template (`chat_template`, else the tokenizer's); a 400 for bad input."""
     template = chat_template or getattr(tokenizer, "chat_template", None) or ""
     if not isinstance(template, str):  # a tokenizer may keep several named templates
         template = " ".join(str(t) for t in (template.values() if isinstance(template, dict) else template))
@@ -44,13 +61,36 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, Any]], *, tools: li
     if tool_dicts and not knows_tools:
         msgs = _with_tools_in_system_message(msgs, tool_dicts)
         tool_dicts = None
-    try:
-        text = render_chat_prompt(tokenizer, msgs, tools=tool_dicts, add_generation_prompt=add_generation_prompt,
-                                  chat_template=chat_template)
+    try:  # transformers' choice among named templates ("tool_use" when there are tools, else "default")
+        resolved = tokenizer.get_chat_template(chat_template, tool_dicts)
     except ValueError as e:
-        raise bad_request(str(e), "messages") from None
+        raise bad_request(f"This model has no usable chat template: {e}", "messages") from None
+    return ChatRender(resolved, msgs, tool_dicts)
+
+
+async def chat_prompt_ids(sandbox: TemplateSandbox, tokenizer: Any, messages: list[dict[str, Any]], *,
+                          tools: list[ToolDefinition] | None, chat_template: str | None, trusted: bool = True,
+                          add_generation_prompt: bool = True, max_model_len: int | None = None,
+                          tokenize_limiter: anyio.CapacityLimiter | None = None) -> list[int]:
+    """Render (in `sandbox`) and tokenize (in a worker thread) the conversation.
+
+    `chat_template` overrides the tokenizer's; `trusted` is False when the request brought it. A 400 for messages
+    or a template that cannot be rendered, that hits one of the sandbox's limits, or whose prompt is too long for
+    `max_model_len`; a 503 with no renderer.
+    """
+    chat = prepare_chat(tokenizer, messages, tools=tools, chat_template=chat_template)
+    try:
+        text = await sandbox.render(chat.template, chat.messages, tools=chat.tools,
+                                    add_generation_prompt=add_generation_prompt,
+                                    variables=tokenizer.special_tokens_map, trusted=trusted)
+    except TemplateRenderError as e:
+        raise bad_request(str(e), "messages" if trusted else "chat_template") from None
+    except RendererUnavailable as e:
+        raise APIError(str(e), 503) from None
     # The template wrote the special tokens (bos, turn markers) itself: do not add them again.
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    encode = partial(encode_prompt, tokenizer, text, add_special_tokens=False, max_model_len=max_model_len,
+                     param="messages")
+    return await in_thread(encode, tokenize_limiter)
 
 
 def _normalize(i: int, message: dict[str, Any], knows_tool_calls: bool) -> dict[str, Any]:
@@ -76,7 +116,8 @@ def _normalize(i: int, message: dict[str, Any], knows_tool_calls: bool) -> dict[
             m["content"] = f"{m['content']}\n{text}" if m.get("content") else text
     if m.get("content") is None:
         m["content"] = ""  # most templates concatenate content as a string
-    return m
+    # As transformers' apply_chat_template does: templates test `'name' in message`, and a null is not a name.
+    return {k: v for k, v in m.items() if v is not None}
 
 
 def _join_text_parts(i: int, parts: list[Any]) -> str:

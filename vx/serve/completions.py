@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from starlette.responses import Response
@@ -17,6 +18,7 @@ from vx.serve.protocol import (CompletionChoice, CompletionLogprobs, CompletionR
                                UsageInfo)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from vx.serve.tokenize import check_prompt_length, encode_prompt, in_thread
 
 ENDPOINT = "/v1/completions"
 
@@ -37,7 +39,8 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
         raise bad_request("suffix is not supported.", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported (only best_of == n).", "best_of")
-    texts, prompts = _prompts(req.prompt, state.tokenizer)
+    texts, prompts = await in_thread(partial(_prompts, req.prompt, state.tokenizer, state.max_model_len),
+                                     state.tokenize_limiter)
     structured = structured_outputs(req, req.response_format, None)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, structured=structured,
                              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
@@ -135,9 +138,10 @@ class _View:
         return out
 
 
-def _prompts(prompt: Any, tokenizer: Any) -> tuple[list[str | None], list[list[int]]]:
+def _prompts(prompt: Any, tokenizer: Any, max_model_len: int | None) -> tuple[list[str | None], list[list[int]]]:
     """OpenAI's four prompt forms (str, [str], [int], [[int]]) as (texts, token ids); text is tokenized
-    here, with the model's special tokens (e.g. BOS), as a text prompt to vx.AsyncLLM would be."""
+    here, with the model's special tokens (e.g. BOS), as a text prompt to vx.AsyncLLM would be. Runs in a
+    worker thread (vx/serve/tokenize.py): megabytes of text take seconds."""
     if isinstance(prompt, str):
         items: list[Any] = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
@@ -153,12 +157,14 @@ def _prompts(prompt: Any, tokenizer: Any) -> tuple[list[str | None], list[list[i
             if not p:
                 raise bad_request(f"prompt {i} is empty.", "prompt")
             texts.append(p)
-            ids.append(list(tokenizer.encode(p, add_special_tokens=True)))
+            ids.append(encode_prompt(tokenizer, p, add_special_tokens=True, max_model_len=max_model_len,
+                                     param="prompt"))
         else:
             if not p:
                 raise bad_request(f"prompt {i} is an empty token list.", "prompt")
             texts.append(None)
             ids.append(list(p))
+            check_prompt_length(len(p), max_model_len, "prompt")
     return texts, ids
 
 

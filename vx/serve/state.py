@@ -9,8 +9,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from vx.serve.errors import APIError
 from vx.serve.metrics import ServerMetrics
+from vx.serve.template_sandbox import TemplateSandbox
+from vx.serve.tokenize import new_tokenize_limiter
 
 
 @dataclass
@@ -20,6 +24,9 @@ class ServerState:
     api_key: str | None = None
     chat_template: str | None = None  # overrides the tokenizer's template
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    trust_request_chat_template: bool = False  # accept `chat_template` in a request (rendered in the sandbox)
+    templates: TemplateSandbox = field(default_factory=TemplateSandbox)  # renders every chat template
+    tokenize_limiter: anyio.CapacityLimiter = field(default_factory=new_tokenize_limiter)  # vx/serve/tokenize.py
 
     @property
     def tokenizer(self) -> Any:
