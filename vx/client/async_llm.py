@@ -111,7 +111,8 @@ class AsyncLLM:
             config.model_config.vocab_size = ready.vocab_size or config.model_config.vocab_size
             config.scheduler_config.max_model_len = config.model_config.max_model_len
             self.config = config
-            self.processor = Processor(config.model_config, self.tokenizer)
+            self.processor = Processor(config.model_config, self.tokenizer,
+                                       config.scheduler_config.max_n_sequences)
             self.output_processor = OutputProcessor(self.tokenizer)
         except BaseException:
             client.shutdown()

@@ -24,7 +24,7 @@ class LLMEngine:
     def __init__(self, config: VxConfig, multiprocess: bool = False) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model_config.tokenizer)
-        self.processor = Processor(config.model_config, self.tokenizer)
+        self.processor = Processor(config.model_config, self.tokenizer, config.scheduler_config.max_n_sequences)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Outputs of a step that raised (a request was refused), handed out by the next `step()`.
         self._deferred_outputs: list[RequestOutput] = []
