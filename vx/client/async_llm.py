@@ -338,7 +338,7 @@ class AsyncLLM:
             _, others = self.output_processor.drop_failed(err.request_id)
             if others:  # the other samples of an n > 1 request
                 self._client.abort_requests(others)
-            stream.fail(EngineGenerateError(f"The engine refused request {stream.request_id!r}: {err.message}"))
+            stream.fail(err.to_exception(stream.request_id))
         if not outs.outputs:
             return
         processed = self.output_processor.process_outputs(outs.outputs)
