@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
@@ -17,7 +18,30 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # a single output when the request finishes
 
 
-_INT_MAX = 2**63 - 1
+_INT_MAX = 2**63 - 1  # every int a request carries fits int64: the wire (msgpack) and torch tensors
+
+# What one request may ask for. The bounds are generous (OpenAI's own are lower: 4 stop strings, 20 top
+# logprobs, 1,000 enum values); they keep the work and memory one request can cost the engine bounded.
+# `n` is bounded by the engine argument `max_n_sequences`, `top_k` and token ids by the model's vocabulary.
+MAX_LOGPROBS = 20
+"""The most `logprobs` / `prompt_logprobs` a request may ask for (OpenAI's `top_logprobs` limit, vLLM's default)."""
+MAX_STOP_STRINGS = 64
+"""The most `stop` strings in one request."""
+MAX_STOP_STRING_CHARS = 1024
+"""The longest `stop` string (the stream holds back that many characters while a match is undecided)."""
+MAX_STOP_TOKEN_IDS = 1024
+"""The most `stop_token_ids` in one request."""
+MAX_LOGIT_BIAS = 1024
+"""The most `logit_bias` entries in one request."""
+MAX_BAD_WORDS = 1024
+"""The most `bad_words` in one request."""
+MAX_BAD_WORD_CHARS = 1024
+"""The longest `bad_words` entry."""
+MAX_STRUCTURED_OUTPUTS_BYTES = 128 * 1024
+"""The largest constraint, in UTF-8 bytes: a JSON schema's compact text, a regex, a grammar, or all choices
+together. A 100 KiB enum already compiles to ~25 MiB and takes ~0.5 s (see `grammar_compile_timeout_s`)."""
+MAX_CHOICES = 1024
+"""The most `choice` alternatives of a structured output."""
 
 
 class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -56,6 +80,25 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 raise ValueError("choice must be a non-empty list of strings.")
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError(f"json_object must be a bool, got {self.json_object!r}.")
+        if self.choice is not None and len(self.choice) > MAX_CHOICES:
+            raise ValueError(f"choice has {len(self.choice)} entries; at most {MAX_CHOICES} are allowed.")
+        size = self._spec_bytes()
+        if size is not None and size > MAX_STRUCTURED_OUTPUTS_BYTES:
+            raise ValueError(f"structured_outputs.{self.kind} is {size} bytes long; at most "
+                             f"{MAX_STRUCTURED_OUTPUTS_BYTES} bytes are allowed.")
+
+    def _spec_bytes(self) -> int | None:
+        """The constraint's size in UTF-8 bytes (None for a `json` dict that is not JSON: the front end's
+        `check_structured_outputs` reports that with the submission)."""
+        if isinstance(self.json, dict):
+            try:
+                return len(json.dumps(self.json, ensure_ascii=False, separators=(",", ":")).encode())
+            except (TypeError, ValueError):  # not JSON-serializable
+                return None
+        if self.choice is not None:
+            return sum(len(c.encode()) for c in self.choice)
+        text = self.json if isinstance(self.json, str) else self.regex or self.grammar
+        return len(text.encode()) if text else 0
 
     @property
     def kind(self) -> str:
@@ -110,33 +153,35 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     # ------------------------------------------------------------------ checks
     def _verify(self) -> None:
-        _check_int("n", self.n, lo=1)
+        _check_int("n", self.n, lo=1, hi=_INT_MAX)
         _check_num("temperature", self.temperature, lo=0.0)
         _check_num("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        _check_int("top_k", self.top_k, lo=0)
+        _check_int("top_k", self.top_k, lo=0, hi=_INT_MAX)
         _check_num("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if self.seed is not None:
             _check_int("seed", self.seed, lo=-(2**63), hi=_INT_MAX)
         if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, lo=1)
-        _check_int("min_tokens", self.min_tokens, lo=0)
+            _check_int("max_tokens", self.max_tokens, lo=1, hi=_INT_MAX)
+        _check_int("min_tokens", self.min_tokens, lo=0, hi=_INT_MAX)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})."
             )
         if self.stop is not None:
-            _check_str_list("stop", self.stop, "a string or a list of strings")
+            _check_str_list("stop", self.stop, "a string or a list of strings", MAX_STOP_STRINGS,
+                            MAX_STOP_STRING_CHARS)
             if any(s == "" for s in self.stop):
                 raise ValueError("stop strings must not be empty.")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list):
                 raise ValueError("stop_token_ids must be a list of ints.")
+            _check_len("stop_token_ids", self.stop_token_ids, MAX_STOP_TOKEN_IDS)
             for t in self.stop_token_ids:
-                _check_int("stop_token_ids[i]", t, lo=0)
+                _check_int("stop_token_ids[i]", t, lo=0, hi=_INT_MAX)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
                      "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
@@ -149,9 +194,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             except ValueError:
                 raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.") from None
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, lo=0)
+            _check_int("logprobs", self.logprobs, lo=0, hi=MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, lo=0)
+            _check_int("prompt_logprobs", self.prompt_logprobs, lo=0, hi=MAX_LOGPROBS)
         _check_num("presence_penalty", self.presence_penalty, lo=-2.0, hi=2.0)
         _check_num("frequency_penalty", self.frequency_penalty, lo=-2.0, hi=2.0)
         _check_num("repetition_penalty", self.repetition_penalty)
@@ -160,17 +205,29 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError("logit_bias must be a dict of token id -> bias.")
+            _check_len("logit_bias", self.logit_bias, MAX_LOGIT_BIAS)
             for k, v in self.logit_bias.items():
-                _check_int("logit_bias key", k, lo=0)
+                _check_int("logit_bias key", k, lo=0, hi=_INT_MAX)
                 _check_num("logit_bias value", v, lo=-100.0, hi=100.0)
         if self.bad_words is not None:
-            _check_str_list("bad_words", self.bad_words, "a list of strings")
+            _check_str_list("bad_words", self.bad_words, "a list of strings", MAX_BAD_WORDS, MAX_BAD_WORD_CHARS)
         _check_int("priority", self.priority, lo=-(2**31), hi=2**31 - 1)
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise ValueError("structured_outputs must be a vx.StructuredOutputsParams, got "
                                  f"{type(self.structured_outputs).__name__}.")
             self.structured_outputs.verify()
+
+    def verify_for_model(self, vocab_size: int) -> None:
+        """The checks that need the model: `top_k` and every token id (`stop_token_ids`, `logit_bias` keys)
+        within its vocabulary of `vocab_size` tokens; `ValueError` naming the field otherwise."""
+        if self.top_k > vocab_size:
+            raise ValueError(f"top_k={self.top_k} exceeds the model's vocabulary size ({vocab_size}); use 0 "
+                             "(or -1) to keep all tokens.")
+        if self.stop_token_ids:
+            check_token_ids("stop_token_ids entry", self.stop_token_ids, vocab_size)
+        if self.logit_bias:
+            check_token_ids("logit_bias key", list(self.logit_bias), vocab_size)
 
     @property
     def greedy(self) -> bool:
@@ -202,11 +259,36 @@ def _check_num(name: str, value: Any, lo: float | None = None, hi: float | None 
         raise ValueError(f"{name} must be <= {hi}, got {value}.")
 
 
-def _check_str_list(name: str, value: Any, what: str) -> None:
-    """`value` must be a list of str, each encodable as UTF-8 (a lone surrogate such as "\\ud800" is not)."""
+def check_token_ids(what: str, ids: Sequence[Any], vocab_size: int) -> None:
+    """Every id must be an int in [0, vocab_size): the model has no embedding row or logit for anything else.
+    `ValueError` naming `what`, the id and its position otherwise."""
+    try:  # the common case, at C speed: all ints, all in range
+        if all(type(t) is int for t in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+            return
+    except TypeError:
+        pass
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ValueError(f"{what} at position {i} must be an int, got {type(t).__name__} {t!r}.")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{what} {t} (position {i}) is outside the model's vocabulary [0, {vocab_size}).")
+
+
+def _check_len(name: str, value: Any, most: int) -> None:
+    if len(value) > most:
+        raise ValueError(f"{name} has {len(value)} entries; at most {most} are allowed.")
+
+
+def _check_str_list(name: str, value: Any, what: str, most: int | None = None, longest: int | None = None) -> None:
+    """`value` must be a list of str, each encodable as UTF-8 (a lone surrogate such as "\\ud800" is not), with at
+    most `most` entries of at most `longest` characters."""
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
         raise ValueError(f"{name} must be {what}, got {value!r}.")
+    if most is not None:
+        _check_len(name, value, most)
     for s in value:
+        if longest is not None and len(s) > longest:
+            raise ValueError(f"{name} entry of {len(s)} characters is too long; at most {longest} are allowed.")
         try:
             s.encode("utf-8")
         except UnicodeEncodeError as e:

@@ -204,6 +204,11 @@ BAD_SUBMISSIONS = [
     ("ok", _changed_in_place(stop=["\ud800"]), None, "UTF-8"),
     ("ok", _changed_in_place(bad_words="abc"), None, "bad_words"),
     ("ok", _changed_in_place(ignore_eos=1), None, "ignore_eos"),
+    ("ok", _changed_in_place(top_k=2**63), None, "top_k must be <="),
+    ("ok", greedy(4, top_k=513), None, r"top_k=513 exceeds the model's vocabulary size \(512\)"),
+    ("ok", greedy(4, n=129), None, r"n=129"),  # complete/generate: "exceeds the engine's max_n_sequences (128)"
+    ("ok", _changed_in_place(logprobs=21), None, "logprobs must be <= 20"),
+    ("ok", _changed_in_place(stop=["s"] * 65), None, "at most 64"),
     ("ok", None, "", "request_id"),
     ("ok", None, 3, "request_id"),
     ("ok", None, "bystander", "unique"),  # the id of the request that is running
@@ -247,6 +252,34 @@ async def test_malformed_message_is_reported_and_engine_keeps_serving(llm):
     finally:
         del llm._client.add_request
     assert (await llm.complete("after garbage", greedy(4))).finished
+    await assert_idle(llm)
+
+
+async def test_values_that_killed_the_engine_fail_alone_even_past_the_front_end(llm):
+    """top_k = 2**63 reached the engine as a uint64 and raised when it became a tensor, which ended the engine and
+    every request. Sent straight to the engine, past the front end's checks, it and an out-of-vocabulary logit_bias
+    now fail their own request with InvalidRequestError (a ValueError: the caller's input), and the engine serves
+    on."""
+    engine = llm._client.engine
+    raw_params = {"r-top-k": {"top_k": 2**63, "temperature": 1.0}, "r-bias": {"logit_bias": {600: 1.0}}}
+
+    def send_raw(request):  # the request as a foreign client would send it, with the bad value put back in
+        with engine._send_lock:
+            engine.input_socket.send_multipart([b"\x00", msgspec.msgpack.encode(
+                [request.request_id, request.prompt_token_ids, raw_params[request.request_id]])])
+
+    llm._client.add_request = send_raw
+    try:
+        with pytest.raises(vx.InvalidRequestError, match="refused request 'r-top-k': .*top_k must be <= "
+                                                         "9223372036854775807"):
+            await llm.complete("x", greedy(4), request_id="r-top-k")
+        with pytest.raises(vx.InvalidRequestError, match=r"refused request 'r-bias': .*logit_bias key 600 "
+                                                         r"\(position 0\) is outside the model's vocabulary"):
+            await llm.complete("x", greedy(4), request_id="r-bias")
+    finally:
+        del llm._client.add_request
+    assert engine.proc.is_alive()
+    assert (await llm.complete("after", greedy(4))).finished
     await assert_idle(llm)
 
 

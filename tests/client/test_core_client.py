@@ -76,9 +76,12 @@ async def wait_for(predicate, timeout: float = 10.0) -> None:
 # ------------------------------------------------------------------------------------------------ no engine
 def test_engine_args_round_trip(tiny_model_dir):
     config = EngineArgs(model=tiny_model_dir, dtype="float32", device="cpu", block_size=8, max_num_seqs=5,
-                        num_kv_blocks=100, max_model_len=64, enable_prefix_caching=False).create_config()
+                        num_kv_blocks=100, max_model_len=64, enable_prefix_caching=False,
+                        scheduling_policy="priority", max_n_sequences=7, grammar_cache_memory_bytes=12345,
+                        max_grammar_memory_bytes=2345, grammar_compile_timeout_s=1.5,
+                        grammar_compile_workers=3).create_config()
     again = engine_args_from_config(config).create_config()
-    for name in ("cache_config", "scheduler_config", "device_config", "parallel_config"):
+    for name in ("cache_config", "scheduler_config", "device_config", "parallel_config", "structured_outputs_config"):
         assert getattr(again, name) == getattr(config, name)
     strip = lambda mc: {k: v for k, v in dataclasses.asdict(mc).items() if k != "hf_config"}  # noqa: E731
     assert strip(again.model_config) == strip(config.model_config)

@@ -190,6 +190,30 @@ def test_logit_bias_key_outside_vocab(processor):
     assert "logit_bias" in _err(processor, "r", [1], SamplingParams(logit_bias={600: 1.0}))
 
 
+def test_top_k_at_most_the_vocabulary(processor):
+    assert processor.process_inputs("r", [1], SamplingParams(top_k=512)).sampling_params.top_k == 512
+    assert processor.process_inputs("r", [1], SamplingParams(top_k=-1)).sampling_params.top_k == 0  # all
+    msg = _err(processor, "r", [1], SamplingParams(top_k=513))
+    assert "top_k=513" in msg and "vocabulary size (512)" in msg
+    assert "top_k" in _err(processor, "r", [1], SamplingParams(top_k=2**62))
+
+
+def test_n_at_most_max_n_sequences(make_model_config, tokenizer):
+    p = Processor(make_model_config(), tokenizer, max_n_sequences=4)
+    assert p.process_inputs("r", [1], SamplingParams(n=4)).sampling_params.n == 4
+    msg = _err(p, "r", [1], SamplingParams(n=5))
+    assert "n=5" in msg and "max_n_sequences (4)" in msg
+    # The default is the engine argument's default.
+    from vx.config import EngineArgs
+
+    assert Processor(make_model_config(), tokenizer).max_n_sequences == EngineArgs().max_n_sequences == 128
+
+
+def test_eos_ids_outside_the_model_vocabulary_are_dropped(make_model_config, tokenizer):
+    p = Processor(make_model_config(vocab_size=512, eos_token_ids=(7, 900)), tokenizer)
+    assert p.process_inputs("r", [1], None).eos_token_ids == [7, 0]
+
+
 @pytest.mark.parametrize("kw", [{"priority": 1.5}, {"priority": True}, {"arrival_time": "now"}])
 def test_bad_priority_or_arrival_time(processor, kw):
     with pytest.raises(ValueError):

@@ -103,6 +103,38 @@ def test_malformed_messages_get_error_outputs_and_engine_keeps_serving(engine):
     assert engine.proc.is_alive()
 
 
+def test_values_outside_the_model_fail_alone(engine):
+    """Values the front end refuses, sent straight to the engine: each request is refused alone, as the caller's
+    fault, and the engine keeps serving. Before, top_k = 2**63 (a uint64 on the wire) ended the engine when it
+    became a tensor, and an out-of-vocabulary id in logit_bias or stop_token_ids did when the logits were indexed."""
+    max_len = ENGINE_KWARGS["max_model_len"]
+    raw_top_k = msgspec.msgpack.encode(["huge-top-k", [5, 6], {"top_k": 2**63, "temperature": 1.0}])
+    send_raw(engine, [b"\x00", raw_top_k])
+    cases = [
+        (dict(sampling_params=vx.SamplingParams(top_k=10**6, temperature=1.0)),
+         "top_k=1000000 exceeds the model's vocabulary size (512)"),
+        (dict(sampling_params=vx.SamplingParams(logit_bias={600: 1.0})), "logit_bias key 600"),
+        (dict(sampling_params=vx.SamplingParams(stop_token_ids=[600], min_tokens=2)), "stop_token_ids entry 600"),
+        (dict(prompt_token_ids=[5, 600]), "prompt token id 600 (position 1)"),
+        (dict(bad_words_token_ids=[[5, 600]]), "bad_words token 600"),
+        (dict(eos_token_ids=[0, 2**40]), f"eos token id {2**40}"),
+        (dict(prompt_token_ids=[5] * max_len), f"The prompt is {max_len} tokens long"),
+    ]
+    for i, (fields, _) in enumerate(cases):
+        engine.send(T.ADD, EngineCoreRequest(**{"request_id": f"bad-{i}", "prompt_token_ids": [5, 6],
+                                                "sampling_params": GREEDY, **fields}))
+    errors = {}
+    while len(errors) < len(cases) + 1:
+        outs = recv(engine)
+        assert not outs.outputs and outs.engine_error is None
+        errors.update((e.request_id, e) for e in outs.input_errors)
+    assert "top_k must be <= 9223372036854775807" in errors["huge-top-k"].message
+    for i, (_, message) in enumerate(cases):
+        assert message in errors[f"bad-{i}"].message
+    assert not any(e.internal for e in errors.values())
+    assert len(run_to_end(engine, "good")) == 6 and engine.proc.is_alive()
+
+
 def test_refused_request_fails_alone_and_abort_frees_blocks(engine):
     long = EngineCoreRequest(request_id="dup", prompt_token_ids=list(range(1, 40)),
                              sampling_params=GREEDY.clone(max_tokens=200))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import jsonschema
 import numpy as np
@@ -14,12 +15,12 @@ import torch
 
 import vx
 from vx.cache import KVCacheManager
-from vx.config import CacheConfig, ModelConfig, SchedulerConfig
+from vx.config import CacheConfig, ModelConfig, SchedulerConfig, StructuredOutputsConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
 from vx.core.scheduler_output import ModelRunnerOutput
-from vx.core.structured_output import StructuredOutputManager
-from vx.errors import EngineGenerateError
+from vx.core.structured_output import StructuredOutputManager, grammar_key
+from vx.errors import EngineGenerateError, InvalidRequestError
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.sampling_params import StructuredOutputsParams as SO
 
@@ -122,14 +123,14 @@ def test_uncompilable_constraint_fails_alone(llm, so, problem):
     while engine.has_unfinished_requests():
         try:
             outs = engine.step()
-        except EngineGenerateError as e:
+        except InvalidRequestError as e:  # a ValueError: the server answers 400
             errors.append(str(e))
             continue
         finals.update((o.request_id, o) for o in outs if o.finished)
     assert len(errors) == 1 and re.search(f"refused request 'bad': {problem}", errors[0]), errors
     assert list(finals) == ["good"] and len(finals["good"].outputs[0].token_ids) == 8
     # vx.LLM.generate raises it for the whole call, and the engine stays usable.
-    with pytest.raises(EngineGenerateError, match=problem):
+    with pytest.raises(InvalidRequestError, match=problem):
         llm.generate(["a", "b"], [vx.SamplingParams(max_tokens=4),
                                   vx.SamplingParams(max_tokens=4, structured_outputs=so)], use_tqdm=False)
     assert re.fullmatch(REGEX, completions(llm, [vx.SamplingParams(structured_outputs=SO(regex=REGEX))])[0].text)
@@ -161,10 +162,15 @@ def test_front_end_refuses_malformed_constraints(llm, so, problem):
 
 
 # ------------------------------------------------------------------------------- scheduler and runner
-def _manager(tokenizer_dir: str) -> StructuredOutputManager:
+def _manager(tokenizer_dir: str, **limits) -> StructuredOutputManager:
     cfg = ModelConfig(model=tokenizer_dir, tokenizer=tokenizer_dir, hf_config=None, architecture="Qwen3ForCausalLM",
                       dtype="float32", max_model_len=256, vocab_size=VOCAB, eos_token_ids=[EOS])
-    return StructuredOutputManager(cfg, max_workers=1)
+    return StructuredOutputManager(cfg, StructuredOutputsConfig(**{"compile_workers": 1, **limits}))
+
+
+def _scheduler(mgr: StructuredOutputManager) -> Scheduler:
+    return Scheduler(SchedulerConfig(8, 64, 256, True), CacheConfig(block_size=4, enable_prefix_caching=True),
+                     KVCacheManager(64, 4, True), mgr)
 
 
 def _allowed(bitmask_row: np.ndarray) -> np.ndarray:
@@ -243,3 +249,151 @@ def test_apply_grammar_bitmask_masks_only_its_rows():
     assert torch.equal(logits[[0, 2]], before[[0, 2]])
     allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
     assert allowed == [0, 1, 3, VOCAB - 1] and torch.equal(logits[1, allowed], before[1, allowed])
+
+
+# ------------------------------------------------------------------------------------ compile limits
+def _compile_alone(mgr: StructuredOutputManager, so: SO, rid: str = "r") -> list:
+    """Run one request's compile to its end (matcher or error), then forget the request."""
+    mgr.add_request(rid, so, [EOS])
+    while not mgr.is_ready(rid):
+        mgr.wait_for_compile(timeout=0.05)
+        errors = mgr.update()
+        if errors:
+            return errors
+    mgr.remove_request(rid)
+    return []
+
+
+REGEXES = [r"[a-z]{1,100}", r"[0-9a-f]{1,200}", r"[A-Z]{2,150}", r"(ab|cd|ef){1,60}"]
+
+
+def test_grammar_cache_is_bounded_by_bytes(tiny_model_dir):
+    """The cache counts xgrammar's memory_size_bytes of each compiled grammar and evicts the least recently used
+    ones to stay within grammar_cache_memory_bytes; a grammar larger than the whole budget is served, not kept."""
+    probe = _manager(tiny_model_dir)
+    for r in REGEXES:
+        assert _compile_alone(probe, SO(regex=r)) == []
+    size = {key[1]: e.size for key, e in probe._cache.items()}
+    assert all(n > 1000 for n in size.values()) and len(set(size.values())) == len(REGEXES), size
+    assert probe.cache_bytes == sum(size.values())
+    assert size[REGEXES[0]] == probe._cache[("regex", REGEXES[0])].future.result().memory_size_bytes
+    probe.shutdown()
+
+    a, b, c, d = REGEXES
+    assert size[b] >= size[d]  # so that evicting `b` alone makes room for `d`
+    mgr = _manager(tiny_model_dir, cache_memory_bytes=size[a] + size[b] + size[c])
+    for r in (a, b, c):
+        _compile_alone(mgr, SO(regex=r))
+    assert [k[1] for k in mgr._cache] == [a, b, c] and mgr.cache_bytes == mgr.config.cache_memory_bytes
+    _compile_alone(mgr, SO(regex=a))  # a hit: `a` becomes the most recently used
+    _compile_alone(mgr, SO(regex=d))  # over budget: the least recently used (`b`) goes
+    assert [k[1] for k in mgr._cache] == [c, a, d] and mgr.cache_bytes == size[c] + size[a] + size[d]
+    mgr.shutdown()
+
+    tiny = _manager(tiny_model_dir, cache_memory_bytes=size[a] - 1)
+    assert _compile_alone(tiny, SO(regex=a)) == []  # served...
+    assert tiny.cache_bytes == 0 and not tiny._cache  # ...but never kept
+    tiny.shutdown()
+
+
+def test_grammar_over_the_memory_limit_fails_its_request_alone(tiny_model_dir):
+    """A compiled grammar over max_grammar_memory_bytes fails its request, as a client error, and is not cached;
+    a small grammar beside it is served."""
+    mgr = _manager(tiny_model_dir, max_grammar_memory_bytes=100 * 1024)
+    s = _scheduler(mgr)
+    s.add_request(Request("big", [5, 6], vx.SamplingParams(structured_outputs=SO(regex="[a-z]{1,1000}")), [EOS]))
+    s.add_request(Request("small", [5, 6], vx.SamplingParams(max_tokens=3, structured_outputs=SO(regex=REGEX)),
+                          [EOS]))
+    errors, ran = [], set()
+    while s.has_unfinished_requests():
+        mgr.wait_for_compile(timeout=0.05)
+        so = s.schedule()
+        ran.update(r.req_id for r in so.scheduled)
+        sampled = [r.req_id for r in so.scheduled if r.samples]
+        out = s.update_from_output(so, ModelRunnerOutput(sampled, [int(_allowed(so.grammar_bitmask[0])[0])
+                                                                   for _ in sampled]))
+        errors += out.input_errors
+    assert [(e.request_id, e.internal) for e in errors] == [("big", False)]
+    assert re.search(r"structured_outputs.regex compiles to a grammar of 0.2 MiB, over the engine's limit of 0.1 MiB "
+                     r"\(max_grammar_memory_bytes\)", errors[0].message), errors[0].message
+    assert ran == {"small"} and s.kv_cache_manager.stats().num_blocks_in_use == 0
+    assert mgr.cache_bytes < 10_000  # the refusal is remembered, the grammar is not
+    mgr.shutdown()
+
+
+def test_compile_timeout_fails_only_its_request(tiny_model_dir):
+    """A compile past grammar_compile_timeout_s fails its own request (a client error) while another request's
+    compile proceeds and it runs; the slow compile's result, when it comes, is discarded and not cached."""
+    mgr = _manager(tiny_model_dir, compile_timeout_s=0.5, compile_workers=2)
+    release = threading.Event()
+    compile_fn = mgr._compile
+    slow_key = grammar_key(SO(regex="s+l+o+w"))
+    mgr._compile = lambda key: (key == slow_key and release.wait(30), compile_fn(key))[1]
+    s = _scheduler(mgr)
+    s.add_request(Request("slow", [5, 6], vx.SamplingParams(structured_outputs=SO(regex="s+l+o+w")), [EOS]))
+    s.add_request(Request("fast", [5, 6], vx.SamplingParams(max_tokens=30, ignore_eos=True,
+                                                             structured_outputs=SO(regex=REGEX)), [EOS]))
+    errors, fast_steps = [], 0
+    t0 = time.monotonic()
+    while s.has_unfinished_requests():
+        assert time.monotonic() - t0 < 20
+        mgr.wait_for_compile(timeout=0.05)
+        so = s.schedule()
+        fast_steps += any(r.req_id == "fast" for r in so.scheduled)
+        sampled = [r.req_id for r in so.scheduled if r.samples]
+        tokens = [int(_allowed(so.grammar_bitmask[so.grammar_req_ids.index(r)])[0]) for r in sampled]
+        errors += s.update_from_output(so, ModelRunnerOutput(sampled, tokens)).input_errors
+    assert [(e.request_id, e.internal) for e in errors] == [("slow", False)]
+    assert "structured_outputs.regex is too costly to compile: compiling took longer than 0.5 s" in errors[0].message
+    assert fast_steps > 0 and s.kv_cache_manager.stats().num_blocks_in_use == 0
+    assert mgr._pool.num_abandoned == 1 and slow_key not in mgr._cache
+    release.set()
+    assert _compile_alone(mgr, SO(regex=REGEX)) == []
+    deadline = time.monotonic() + 10
+    while mgr._pool.num_threads:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    mgr.update()
+    assert slow_key not in mgr._cache  # the late result was dropped, never cached
+    mgr.shutdown()
+
+
+def test_a_failing_matcher_fails_its_request_alone(tiny_model_dir):
+    """A matcher that raises while filling the bitmask, or while accepting a token, fails its own request (an
+    internal error) and frees its blocks; the other constrained request goes on to its end."""
+    mgr = _manager(tiny_model_dir)
+    s = _scheduler(mgr)
+    for rid in ("a", "b", "c"):
+        s.add_request(Request(rid, [5, 6, 7], vx.SamplingParams(max_tokens=40, structured_outputs=SO(regex=REGEX)),
+                              [EOS]))
+    while mgr.num_pending:
+        mgr.wait_for_compile(timeout=0.05)
+        mgr.update()
+
+    class Broken:
+        def __init__(self, matcher, method):
+            self.matcher, self.method = matcher, method
+
+        def __getattr__(self, name):
+            if name == self.method:
+                raise RuntimeError(f"injected {name} failure")
+            return getattr(self.matcher, name)
+
+    mgr._requests["a"].matcher = Broken(mgr._requests["a"].matcher, "fill_next_token_bitmask")
+    mgr._requests["b"].matcher = Broken(mgr._requests["b"].matcher, "accept_token")
+    errors, tokens = [], []
+    while s.has_unfinished_requests():
+        so = s.schedule()
+        sampled = [r.req_id for r in so.scheduled if r.samples]
+        rows = [so.grammar_req_ids.index(r) for r in sampled]
+        step_tokens = [int(_allowed(so.grammar_bitmask[i])[0]) for i in rows]
+        tokens += [t for r, t in zip(sampled, step_tokens) if r == "c"]
+        errors += s.update_from_output(so, ModelRunnerOutput(sampled, step_tokens)).input_errors
+    assert sorted((e.request_id, e.internal) for e in errors) == [("a", True), ("b", True)]
+    assert all("structured output failed: RuntimeError: injected" in e.message for e in errors)
+    assert tokens[-1] == EOS and s.kv_cache_manager.stats().num_blocks_in_use == 0 and mgr.num_requests == 0
+    from transformers import PreTrainedTokenizerFast
+
+    text = PreTrainedTokenizerFast.from_pretrained(tiny_model_dir).decode(tokens, skip_special_tokens=True)
+    assert re.fullmatch(REGEX, text), text
+    mgr.shutdown()

@@ -111,7 +111,8 @@ class AsyncLLM:
             config.model_config.vocab_size = ready.vocab_size or config.model_config.vocab_size
             config.scheduler_config.max_model_len = config.model_config.max_model_len
             self.config = config
-            self.processor = Processor(config.model_config, self.tokenizer)
+            self.processor = Processor(config.model_config, self.tokenizer,
+                                       config.scheduler_config.max_n_sequences)
             self.output_processor = OutputProcessor(self.tokenizer)
         except BaseException:
             client.shutdown()
@@ -337,7 +338,7 @@ class AsyncLLM:
             _, others = self.output_processor.drop_failed(err.request_id)
             if others:  # the other samples of an n > 1 request
                 self._client.abort_requests(others)
-            stream.fail(EngineGenerateError(f"The engine refused request {stream.request_id!r}: {err.message}"))
+            stream.fail(err.to_exception(stream.request_id))
         if not outs.outputs:
             return
         processed = self.output_processor.process_outputs(outs.outputs)

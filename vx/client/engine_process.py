@@ -40,14 +40,18 @@ class EngineCoreError(RuntimeError):
 def engine_args_from_config(config: VxConfig) -> EngineArgs:
     """The `EngineArgs` that rebuild `config` (all fields already resolved), to send to the engine process."""
     mc, cc, sc, dc = config.model_config, config.cache_config, config.scheduler_config, config.device_config
+    so = config.structured_outputs_config
     return EngineArgs(
         model=mc.model, tokenizer=mc.tokenizer, dtype=mc.dtype, device=dc.device, max_model_len=mc.max_model_len,
         block_size=cc.block_size, num_kv_blocks=cc.num_kv_blocks, kv_cache_memory_bytes=cc.kv_cache_memory_bytes,
         gpu_memory_utilization=cc.gpu_memory_utilization, max_num_seqs=sc.max_num_seqs,
         max_num_batched_tokens=sc.max_num_batched_tokens, enable_prefix_caching=cc.enable_prefix_caching,
-        enable_chunked_prefill=sc.enable_chunked_prefill, attention_backend=dc.attention_backend,
-        enforce_eager=dc.enforce_eager, tensor_parallel_size=config.parallel_config.tensor_parallel_size,
-        seed=mc.seed,
+        enable_chunked_prefill=sc.enable_chunked_prefill, scheduling_policy=sc.policy,
+        attention_backend=dc.attention_backend, enforce_eager=dc.enforce_eager,
+        tensor_parallel_size=config.parallel_config.tensor_parallel_size, seed=mc.seed,
+        max_n_sequences=sc.max_n_sequences, grammar_cache_memory_bytes=so.cache_memory_bytes,
+        max_grammar_memory_bytes=so.max_grammar_memory_bytes, grammar_compile_timeout_s=so.compile_timeout_s,
+        grammar_compile_workers=so.compile_workers,
     )
 
 

@@ -42,7 +42,8 @@ class LLM:
 
         `priority` (one per prompt) matters with `scheduling_policy="priority"`: lower values run first.
         All prompts are validated before any is queued, so one bad prompt raises ValueError and
-        nothing runs.
+        nothing runs. A request the engine fails raises `vx.InvalidRequestError` (a ValueError: its input is at
+        fault, e.g. a grammar that does not compile) or `vx.errors.EngineGenerateError`, and the rest is aborted.
         """
         prompt_list = _normalize_prompts(prompts)
         if sampling_params is None:
@@ -66,11 +67,12 @@ class LLM:
                     for prompt, params, prio in zip(prompt_list, params_list, priorities)]
         order = {r.request_id: i for i, r in enumerate(requests)}
         results: list[RequestOutput | None] = [None] * len(requests)
-        for req, prompt in zip(requests, prompt_list):
-            for engine_request in engine.output_processor.add_request(req, prompt if isinstance(prompt, str) else None):
-                engine.engine_core.add_request(engine_request)
         bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
         try:
+            for req, prompt in zip(requests, prompt_list):
+                for engine_request in engine.output_processor.add_request(req, prompt if isinstance(prompt, str)
+                                                                          else None):
+                    engine.engine_core.add_request(engine_request)
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished:

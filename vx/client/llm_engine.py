@@ -11,7 +11,7 @@ from vx.client.processor import Processor
 from vx.client.tokenizer import load_tokenizer
 from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import InputError
-from vx.errors import EngineGenerateError
+from vx.errors import EngineGenerateError, InvalidRequestError
 from vx.outputs import EngineStats, RequestOutput
 from vx.sampling_params import SamplingParams
 
@@ -24,9 +24,9 @@ class LLMEngine:
     def __init__(self, config: VxConfig, multiprocess: bool = False) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.model_config.tokenizer)
-        self.processor = Processor(config.model_config, self.tokenizer)
+        self.processor = Processor(config.model_config, self.tokenizer, config.scheduler_config.max_n_sequences)
         self.output_processor = OutputProcessor(self.tokenizer)
-        # Outputs of a step that raised (a request was refused), handed out by the next `step()`.
+        # Outputs of a step that raised (a request failed), handed out by the next `step()`.
         self._deferred_outputs: list[RequestOutput] = []
         self.engine_core: EngineCoreClient
         if multiprocess:
@@ -62,25 +62,27 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the request outputs due now (per each request's output_kind).
 
-        Raises `EngineGenerateError` when the engine refused a request (e.g. its structured-output grammar does not
-        compile): that request is dropped, the others go on, and this step's outputs come with the next call.
+        Raises for the requests the engine failed (the others go on, and this step's outputs come with the next
+        call): `vx.InvalidRequestError` (a `ValueError`) when every one was refused for its input (e.g. a
+        structured-output grammar that does not compile), else `EngineGenerateError` (an internal error of a
+        request alone).
         """
         if self._deferred_outputs:
             deferred, self._deferred_outputs = self._deferred_outputs, []
             return deferred
         outs = self.engine_core.get_output()
-        refused = self._drop_refused(outs.input_errors)
+        failed = self._drop_failed(outs.input_errors)
         processed = self.output_processor.process_outputs(outs.outputs)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort)
-        if refused is not None:
+        if failed is not None:
             self._deferred_outputs = processed.request_outputs
-            raise refused
+            raise failed
         return processed.request_outputs
 
-    def _drop_refused(self, errors: list[InputError]) -> EngineGenerateError | None:
-        """Forget the requests the engine refused; the error to raise for them (None if none was ours)."""
-        messages = []
+    def _drop_failed(self, errors: list[InputError]) -> EngineGenerateError | None:
+        """Forget the requests the engine failed; the error to raise for them (None if none was ours)."""
+        failures: list[EngineGenerateError] = []
         dropped: set[str] = set()  # engine ids of the requests dropped here (an n > 1 request's samples)
         op = self.output_processor
         for err in errors:
@@ -93,8 +95,13 @@ class LLMEngine:
             dropped.update([err.request_id, *others])
             if others:
                 self.engine_core.abort_requests(others)
-            messages.append(f"The engine refused request {rid!r}: {err.message}")
-        return EngineGenerateError("\n".join(messages)) if messages else None
+            failures.append(err.to_exception(rid))
+        if len(failures) <= 1:
+            return failures[0] if failures else None
+        # One exception for all: a ValueError only when every request's input was at fault.
+        kind = InvalidRequestError if all(isinstance(f, InvalidRequestError) for f in failures) else \
+            EngineGenerateError
+        return kind("\n".join(str(f) for f in failures))
 
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests() or bool(self._deferred_outputs)

@@ -11,18 +11,23 @@ import time
 from typing import Any
 
 from vx.client.tokenizer import eos_token_ids
-from vx.config import ModelConfig
+from vx.config import DEFAULT_MAX_N_SEQUENCES, ModelConfig
 from vx.core.protocol import EngineCoreRequest
-from vx.sampling_params import SamplingParams, StructuredOutputsParams
+from vx.sampling_params import SamplingParams, StructuredOutputsParams, check_token_ids
 
 
 class Processor:
     """Turns (request id, prompt, params) into a validated, tokenized `EngineCoreRequest`."""
 
-    def __init__(self, model_config: ModelConfig, tokenizer: Any) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any,
+                 max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer  # a fast HF tokenizer; None accepts token-id prompts only
-        self.eos_token_ids = eos_token_ids(tokenizer, model_config.eos_token_ids)
+        # The engine refuses an out-of-vocabulary stop id; a tokenizer's eos beyond the model's logits never
+        # comes out anyway.
+        self.eos_token_ids = [t for t in eos_token_ids(tokenizer, model_config.eos_token_ids)
+                              if 0 <= t < model_config.vocab_size]
+        self.max_n_sequences = max_n_sequences  # the engine argument: the most samples (`n`) of one request
 
     def process_inputs(
         self,
@@ -58,12 +63,12 @@ class Processor:
                 f"The prompt is {prompt_len} tokens long, but max_model_len is {max_len}: the prompt plus at "
                 f"least one generated token must fit, so the prompt may have at most {max_len - 1} tokens."
             )
+        if params.n > self.max_n_sequences:
+            raise ValueError(f"n={params.n} exceeds the engine's max_n_sequences ({self.max_n_sequences}), the most "
+                             "parallel samples one request may ask for.")
         if params.stop and self.tokenizer is None:
             raise ValueError("Stop strings need a tokenizer to detokenize the output; none is loaded.")
-        if params.stop_token_ids:
-            self._check_token_ids("stop_token_ids entry", params.stop_token_ids)
-        if params.logit_bias:
-            self._check_token_ids("logit_bias key", list(params.logit_bias))
+        params.verify_for_model(self.model_config.vocab_size)
         bad_words_token_ids = self._tokenize_bad_words(params.bad_words) if params.bad_words else None
         if params.structured_outputs is not None:
             check_structured_outputs(params.structured_outputs)
@@ -121,13 +126,7 @@ class Processor:
         raise ValueError(f"The prompt must be a str or a list[int] of token ids, got {type(prompt).__name__}.")
 
     def _check_token_ids(self, what: str, ids: list[Any]) -> None:
-        """Every id must be an int in [0, vocab_size): the model has no embedding row for anything else."""
-        vocab = self.model_config.vocab_size
-        for i, t in enumerate(ids):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise ValueError(f"{what} at position {i} must be an int, got {type(t).__name__} {t!r}.")
-            if not 0 <= t < vocab:
-                raise ValueError(f"{what} {t} (position {i}) is outside the model's vocabulary [0, {vocab}).")
+        check_token_ids(what, ids, self.model_config.vocab_size)
 
 
 def check_structured_outputs(so: StructuredOutputsParams) -> None:

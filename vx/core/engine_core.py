@@ -60,7 +60,8 @@ class EngineCore:
         cc = config.cache_config
         self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
         # Costs nothing until a request asks for structured output (xgrammar loads lazily).
-        self.structured_output_manager = StructuredOutputManager(config.model_config)
+        self.structured_output_manager = StructuredOutputManager(config.model_config,
+                                                                 config.structured_outputs_config)
         self.scheduler = Scheduler(config.scheduler_config, cc, self.kv_cache_manager,
                                    self.structured_output_manager)
         self.num_kv_blocks = num_blocks
@@ -68,7 +69,10 @@ class EngineCore:
                     num_blocks, cc.block_size)
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        """Queue a validated request (duplicate live ids raise ValueError)."""
+        """Queue a request; `ValueError` (nothing queued) for a duplicate live id or one that does not fit the model
+        (a token id outside its vocabulary, top_k above it, a prompt too long): checked again, whoever sent it."""
+        mc = self.config.model_config
+        request.verify_for_model(mc.vocab_size, mc.max_model_len)
         self.scheduler.add_request(Request.from_engine_core_request(request))
 
     def abort_requests(self, request_ids: list[str]) -> list[str]:
@@ -201,7 +205,9 @@ class EngineCoreProc:
             try:
                 self.engine_core.add_request(payload)
             except Exception as e:  # noqa: BLE001 - a refused request fails alone
-                self._send_input_error(f"{type(e).__name__}: {e}", payload.request_id)
+                # A ValueError is the request's fault (a duplicate id, a value outside the model); else it is ours.
+                self._send_input_error(f"{type(e).__name__}: {e}", payload.request_id,
+                                       internal=not isinstance(e, ValueError))
         elif request_type == EngineCoreRequestType.ABORT:
             self.engine_core.abort_requests(payload)
         elif request_type == EngineCoreRequestType.UTILITY:
@@ -213,8 +219,8 @@ class EngineCoreProc:
         else:  # a message the input thread could not decode
             self.output_queue.put(EngineCoreOutputs(timestamp=time.monotonic(), input_errors=[payload]))
 
-    def _send_input_error(self, message: str, request_id: str | None) -> None:
-        err = InputError(message=message, request_id=request_id)
+    def _send_input_error(self, message: str, request_id: str | None, internal: bool = False) -> None:
+        err = InputError(message=message, request_id=request_id, internal=internal)
         self.output_queue.put(EngineCoreOutputs(timestamp=time.monotonic(), input_errors=[err]))
 
     def _call_utility(self, req: UtilityRequest) -> None:

@@ -7,7 +7,8 @@ from typing import Any
 
 import msgspec
 
-from vx.sampling_params import SamplingParams
+from vx.errors import EngineGenerateError, InvalidRequestError
+from vx.sampling_params import SamplingParams, check_token_ids
 
 
 class FinishReason(enum.IntEnum):
@@ -32,6 +33,20 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     priority: int = 0
     # `sampling_params.bad_words`, tokenized by the front end (each word with and without a leading space).
     bad_words_token_ids: list[list[int]] | None = None
+
+    def verify_for_model(self, vocab_size: int, max_model_len: int) -> None:
+        """`ValueError` unless the prompt is 1 to max_model_len - 1 tokens long, every token id (prompt, eos, bad
+        words, params) is in the model's vocabulary and the params fit the model. The front end checks the same
+        before sending; the engine checks again at admission, since one bad id would fail the whole batch's forward
+        pass, and a prompt that can never fit would block the queue."""
+        if not 0 < len(self.prompt_token_ids) < max_model_len:
+            raise ValueError(f"The prompt is {len(self.prompt_token_ids)} tokens long; it must have 1 to "
+                             f"{max_model_len - 1} tokens (max_model_len is {max_model_len}).")
+        check_token_ids("prompt token id", self.prompt_token_ids, vocab_size)
+        check_token_ids("eos token id", self.eos_token_ids, vocab_size)
+        for word in self.bad_words_token_ids or ():
+            check_token_ids("bad_words token", word, vocab_size)
+        self.sampling_params.verify_for_model(vocab_size)
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
@@ -78,10 +93,21 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
 
 
 class InputError(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
-    """An input message the engine could not act on (malformed, unknown, refused); the engine keeps serving."""
+    """An input message the engine could not act on (malformed, unknown, refused), or a request that failed alone
+    inside the engine; the request ends, the engine keeps serving."""
 
     message: str
     request_id: str | None = None  # the request it concerns, when that could be read
+    # False: the request's input is at fault (a client error: a grammar that does not compile, a value out of
+    # range). True: the engine failed on this request alone (an internal error); the others went on.
+    internal: bool = False
+
+    def to_exception(self, request_id: str) -> EngineGenerateError:
+        """What the application's call for this request raises (`request_id`: the application's id):
+        `InvalidRequestError` (a `ValueError`) when its input is at fault, else `EngineGenerateError`."""
+        if self.internal:
+            return EngineGenerateError(f"Request {request_id!r} failed in the engine: {self.message}")
+        return InvalidRequestError(f"The engine refused request {request_id!r}: {self.message}")
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

@@ -42,10 +42,13 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self.num_steps = 0
-        # Structured output (None: requests with `structured_outputs` are refused). Requests whose grammar
-        # failed to compile are ended and reported through `_refused` with the next step's outputs.
+        # Structured output (None: requests with `structured_outputs` are refused).
         self.structured_output_manager = structured_output_manager
-        self._refused: list[InputError] = []
+        # Requests that failed alone (a grammar that does not compile, sampling that raised): ended, and reported
+        # with the next outputs. `_failing` holds those found while planning a step; they end once it has run
+        # (their blocks may be written, or shared by another request, in that step).
+        self._errors: list[InputError] = []
+        self._failing: list[InputError] = []
 
     # ---------------------------------------------------------------- intake
     def add_request(self, request: Request) -> None:
@@ -95,8 +98,8 @@ class Scheduler:
         preempted_ids: set[str] = set()
         so_mgr = self.structured_output_manager
         if so_mgr is not None and so_mgr.num_pending:
-            for req_id, message in so_mgr.update():  # compiles that finished since the last step
-                self._refuse(req_id, message)
+            for error in so_mgr.update():  # compiles that failed (or timed out) since the last step
+                self._fail(error)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -180,7 +183,9 @@ class Scheduler:
             out.grammar_req_ids = [sr.req_id for sr in scheduled
                                    if sr.samples and sr.sampling_params.structured_outputs is not None]
             if out.grammar_req_ids:
-                out.grammar_bitmask = so_mgr.grammar_bitmask(out.grammar_req_ids)
+                # A request whose matcher fails samples unmasked, and ends after the step without its token.
+                out.grammar_bitmask, errors = so_mgr.grammar_bitmask(out.grammar_req_ids)
+                self._failing.extend(errors)
         return out
 
     def _pop_victim(self) -> tuple[Request, int]:
@@ -206,6 +211,11 @@ class Scheduler:
         self.num_steps += 1
         outputs: list[EngineCoreOutput] = []
         finished: list[str] = []
+        failing, self._failing = self._failing, []
+        failing.extend(InputError(message=message, request_id=req_id, internal=True)
+                       for req_id, message in runner_output.failed.items())
+        for error in failing:
+            self._fail(error)
         if runner_output.prompt_logprobs:
             self._collect_prompt_logprobs(runner_output.prompt_logprobs)
         row_logprobs = runner_output.logprobs
@@ -218,9 +228,14 @@ class Scheduler:
                 prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs, None  # sent once, with the first token
             req.append_output_token_id(token)
             status = self._check_stop(req, token)
-            if (status is None and req.sampling_params.structured_outputs is not None
-                    and self.structured_output_manager.accept_token(req_id, token)):
-                status = RequestStatus.FINISHED_STOPPED  # its grammar is complete and a stop token ended it
+            if status is None and req.sampling_params.structured_outputs is not None:
+                try:
+                    if self.structured_output_manager.accept_token(req_id, token):
+                        status = RequestStatus.FINISHED_STOPPED  # its grammar is complete and a stop token ended it
+                except Exception as e:  # noqa: BLE001 - its matcher failed: that request fails alone
+                    self._fail(InputError(message=f"structured output failed: {type(e).__name__}: {e}",
+                                          request_id=req_id, internal=True))
+                    continue
             if status is not None:
                 self.running.remove(req)
                 req.status = status
@@ -231,9 +246,9 @@ class Scheduler:
                 stop_reason=req.stop_reason, num_cached_tokens=max(req.num_cached_tokens, 0),
                 new_logprobs=row_logprobs[row] if row_logprobs is not None else None,
                 prompt_logprobs=prompt_logprobs))
-        refused, self._refused = self._refused, []
+        errors, self._errors = self._errors, []
         return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic(), finished_requests=finished,
-                                 input_errors=refused)
+                                 input_errors=errors)
 
     def _collect_prompt_logprobs(self, chunks: dict[str, tuple[int, TokenLogprobs]]) -> None:
         """Gather each request's prompt logprobs, chunk by chunk, until its first token carries them out.
@@ -271,12 +286,16 @@ class Scheduler:
         if req.sampling_params.structured_outputs is not None and self.structured_output_manager is not None:
             self.structured_output_manager.remove_request(req.request_id)
 
-    def _refuse(self, req_id: str, message: str) -> None:
-        """End a waiting request whose grammar failed to compile; its caller hears why with the next outputs."""
-        req = self.requests.get(req_id)
+    def _fail(self, error: InputError) -> None:
+        """End the request `error` names (waiting or running; gone already: nothing to do) and free its blocks;
+        its caller hears why with the next outputs."""
+        req = self.requests.get(error.request_id)
         if req is None:
             return
-        self.waiting.remove(req)
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
         req.status = RequestStatus.FINISHED_ABORTED
         self._free(req)
-        self._refused.append(InputError(message=message, request_id=req_id))
+        self._errors.append(error)

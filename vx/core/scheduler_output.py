@@ -67,6 +67,9 @@ class ModelRunnerOutput:
     logprobs: list[TokenLogprobs | None] | None = None
     # req id -> (first prompt position, logprobs of the prompt tokens that follow), for `prompt_logprobs` rows.
     prompt_logprobs: dict[str, tuple[int, TokenLogprobs]] | None = None
+    # req id -> error message, for the requests whose own work in this step failed (their sampling state, their
+    # sampling); they sampled nothing and must end. An internal error of that request alone: the step went on.
+    failed: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

@@ -1,10 +1,14 @@
 """Structured output in the engine: each constrained request's grammar, compiled off the hot path with xgrammar.
 
 The scheduler hands every request with `structured_outputs` to the `StructuredOutputManager`, which compiles its
-grammar in a thread pool (xgrammar releases the GIL while it compiles), so `schedule()` never waits on a compile:
-it only admits requests whose grammar is ready. Each step, the manager fills one token bitmask for all the
-constrained rows that sample; after sampling, each row's matcher accepts its token. xgrammar and the Hugging Face
-tokenizer load lazily, in the compile thread, on the first constrained request.
+grammar on compile threads (`CompilePool`; xgrammar releases the GIL while it compiles), so `schedule()` never
+waits on a compile: it only admits requests whose grammar is ready. Each step, the manager fills one token bitmask
+for all the constrained rows that sample; after sampling, each row's matcher accepts its token. xgrammar and the
+Hugging Face tokenizer load lazily, in a compile thread, on the first constrained request.
+
+One request's grammar cannot hurt the others: a compile that fails, runs past `compile_timeout_s` or produces a
+grammar over `max_grammar_memory_bytes` fails its own requests (a client error); a matcher that raises fails its
+request (an internal error); compiled grammars are kept for reuse within `cache_memory_bytes`.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import collections
 import concurrent.futures
 import json
 import logging
-import os
 import re
 import threading
 from dataclasses import dataclass
@@ -21,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from vx.config import ModelConfig
+from vx.config import ModelConfig, StructuredOutputsConfig
+from vx.core.compile_pool import CompilePool, CompileTimeoutError
+from vx.core.protocol import InputError
 from vx.sampling_params import StructuredOutputsParams
 
 if TYPE_CHECKING:
@@ -32,9 +37,8 @@ logger = logging.getLogger(__name__)
 # (kind, spec text): what is compiled, and the key compiled grammars are cached under.
 GrammarKey = tuple[str, str]
 
-# Compiled grammars (or their compile failures) kept for reuse, so requests sharing a schema compile it once
-# (about 100 KB each for a small schema over a 49k vocabulary).
-_CACHE_SIZE = 256
+# What a cached compile failure is counted as, besides its spec's length (its exception object, roughly).
+_FAILURE_ENTRY_BYTES = 1024
 # JSON is generated without free whitespace ({"a": 1, "b": [2, 3]}): a small model allowed any whitespace tends
 # to emit spaces and newlines until max_tokens, which leaves the JSON unfinished.
 _ANY_WHITESPACE = False
@@ -47,8 +51,11 @@ def grammar_key(params: StructuredOutputsParams) -> GrammarKey:
     since it is the order the output follows), and a choice's is the EBNF grammar of its alternatives."""
     kind = params.kind
     if kind == "json":
-        schema = json.loads(params.json) if isinstance(params.json, str) else params.json
-        return kind, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        try:
+            schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+            return kind, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        except (TypeError, ValueError) as e:  # the front end checks this; a foreign client may not have
+            raise GrammarError(f"structured_outputs.json is not a valid JSON schema: {e}") from None
     if kind == "choice":
         return kind, choice_grammar(params.choice or [])
     if kind == "json_object":
@@ -60,6 +67,18 @@ def grammar_key(params: StructuredOutputsParams) -> GrammarKey:
 def choice_grammar(choices: Sequence[str]) -> str:
     """An EBNF grammar whose language is exactly `choices` (JSON string escaping is valid xgrammar EBNF)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class GrammarError(ValueError):
+    """The request's constraint cannot be served: it does not compile, or exceeds a compile limit (a client error)."""
+
+
+@dataclass
+class _CacheEntry:
+    """A compile shared by the requests with the same constraint; `size` is counted once it is done."""
+
+    future: concurrent.futures.Future
+    size: int | None = None  # bytes: the compiled grammar's memory_size_bytes, or a failure's small cost
 
 
 @dataclass
@@ -80,16 +99,18 @@ class StructuredOutputManager:
     `accept_token` advances a matcher; `remove_request` forgets a request.
     """
 
-    def __init__(self, model_config: ModelConfig, max_workers: int | None = None) -> None:
+    def __init__(self, model_config: ModelConfig, config: StructuredOutputsConfig | None = None) -> None:
         self.model_config = model_config
+        self.config = config or StructuredOutputsConfig()
         # The bitmask covers the model's vocabulary (the logits' width), which may exceed the tokenizer's.
         self.vocab_size = model_config.vocab_size
-        # Compiles are CPU-bound: half the cores at most, so the engine's own step keeps its share.
-        self.max_workers = max_workers or max(1, min(4, (os.cpu_count() or 2) // 2))
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool = CompilePool(lambda key: self._compile(key), self.config.compile_workers,
+                                 self.config.compile_timeout_s, setup_fn=self._get_compiler)
         self._compiler: Any = None  # xgr.GrammarCompiler, built with the tokenizer on first use
         self._compiler_lock = threading.Lock()
-        self._cache: collections.OrderedDict[GrammarKey, concurrent.futures.Future] = collections.OrderedDict()
+        # LRU of compiles (done or not) by constraint; the done ones' sizes add up to `cache_bytes`.
+        self._cache: collections.OrderedDict[GrammarKey, _CacheEntry] = collections.OrderedDict()
+        self.cache_bytes = 0
         self._requests: dict[str, _RequestGrammar] = {}
         self._pending: set[str] = set()  # requests whose grammar is still compiling
         self._bitmask: Any = None  # torch int32 [rows, ceil(vocab / 32)], grown on demand and reused
@@ -111,37 +132,62 @@ class StructuredOutputManager:
         """Start compiling the request's grammar (cached by spec). `stop_token_ids` end the text once the
         grammar is complete: the request's eos ids and its stop token ids."""
         key = grammar_key(params)
-        future = self._cache.get(key)
-        if future is None:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(self.max_workers,
-                                                                       thread_name_prefix="vx-grammar")
-            future = self._executor.submit(self._compile, key)
-            self._cache[key] = future
-            if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
+        self._pool.expire()
+        self._account()
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = _CacheEntry(self._pool.submit(key))
         else:
             self._cache.move_to_end(key)
-        self._requests[request_id] = _RequestGrammar(key[0], future, list(dict.fromkeys(stop_token_ids)))
+        self._requests[request_id] = _RequestGrammar(key[0], entry.future, list(dict.fromkeys(stop_token_ids)))
         self._pending.add(request_id)
 
-    def update(self) -> list[tuple[str, str]]:
-        """Give each request whose compile finished its matcher. Returns (request id, message) for each compile
-        that failed; those requests are forgotten here and must be ended by the caller."""
-        failed: list[tuple[str, str]] = []
+    def update(self) -> list[InputError]:
+        """Give each request whose compile finished its matcher, and fail the compiles past their deadline.
+        Returns an error for each request whose grammar failed; those requests are forgotten here and must be ended
+        by the caller."""
+        self._pool.expire()
+        failed: list[InputError] = []
         for request_id in [r for r in self._pending if self._requests[r].future.done()]:
             self._pending.discard(request_id)
             state = self._requests[request_id]
             error = state.future.exception()
             if error is not None:
                 del self._requests[request_id]
-                failed.append((request_id, str(error)))
+                failed.append(_compile_failure(request_id, state.kind, error))
                 continue
-            import xgrammar as xgr
+            try:
+                import xgrammar as xgr
 
-            state.matcher = xgr.GrammarMatcher(state.future.result(),
-                                               override_stop_tokens=state.stop_token_ids or None)
+                state.matcher = xgr.GrammarMatcher(state.future.result(),
+                                                   override_stop_tokens=state.stop_token_ids or None)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                del self._requests[request_id]
+                failed.append(InputError(message=f"structured output failed: could not start the grammar "
+                                         f"matcher: {type(e).__name__}: {e}", request_id=request_id,
+                                         internal=True))
+        self._account()
         return failed
+
+    def _account(self) -> None:
+        """Count the compiles that finished into the cache's size, drop those that timed out (never cached: the
+        next request tries again), and evict the least recently used done ones while over the budget."""
+        budget = self.config.cache_memory_bytes
+        for key, entry in list(self._cache.items()):
+            if entry.size is not None or not entry.future.done():
+                continue
+            error = entry.future.exception() if not entry.future.cancelled() else None
+            if entry.future.cancelled() or (error is not None and not isinstance(error, GrammarError)):
+                del self._cache[key]  # a timeout or an internal failure says nothing lasting about the spec
+                continue
+            entry.size = (len(key[1]) + _FAILURE_ENTRY_BYTES if error is not None
+                          else int(entry.future.result().memory_size_bytes))
+            self.cache_bytes += entry.size
+        if self.cache_bytes > budget:
+            for key in [k for k, e in self._cache.items() if e.size is not None]:  # oldest first
+                if self.cache_bytes <= budget:
+                    break
+                self.cache_bytes -= self._cache.pop(key).size
 
     def is_ready(self, request_id: str) -> bool:
         """False while the request's grammar is still compiling (unconstrained requests are always ready)."""
@@ -160,18 +206,26 @@ class StructuredOutputManager:
         self._pending.discard(request_id)
 
     # ----------------------------------------------------------------------------------------------- per step
-    def grammar_bitmask(self, request_ids: Sequence[str]) -> np.ndarray:
+    def grammar_bitmask(self, request_ids: Sequence[str]) -> tuple[np.ndarray, list[InputError]]:
         """int32 [len(request_ids), ceil(vocab / 32)]: row i has bit t set when the grammar of request i allows
-        token t next. Every request must have its matcher (`is_ready`)."""
+        token t next. Every request must have its matcher (`is_ready`). Also returns an error for each request
+        whose matcher failed: its row allows every token, and the caller must end it."""
         import xgrammar as xgr
 
         n = len(request_ids)
         if self._bitmask is None or self._bitmask.shape[0] < n:
             self._bitmask = xgr.allocate_token_bitmask(max(n, 8), self.vocab_size)
         json_rows = []
+        errors: list[InputError] = []
         for i, request_id in enumerate(request_ids):
             state = self._requests[request_id]
-            state.matcher.fill_next_token_bitmask(self._bitmask, i)
+            try:
+                state.matcher.fill_next_token_bitmask(self._bitmask, i)
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                self._bitmask[i] = -1
+                errors.append(InputError(message=f"structured output failed: {type(e).__name__}: {e}",
+                                         request_id=request_id, internal=True))
+                continue
             if state.kind in ("json", "json_object"):
                 json_rows.append(i)
         # A copy: the buffer is refilled next step, possibly before this step's runner is done with it.
@@ -180,7 +234,7 @@ class StructuredOutputManager:
             # JSON forbids raw control characters, but xgrammar lets them into length-bounded strings
             # ({"maxLength": 5}). Compact JSON never needs one outside a string either, so mask them all.
             bitmask[json_rows] &= self._no_control_bytes
-        return bitmask
+        return bitmask, errors
 
     def accept_token(self, request_id: str, token_id: int) -> bool:
         """Advance the request's matcher by its sampled token; True when the grammar is complete and ended by a
@@ -197,26 +251,30 @@ class StructuredOutputManager:
         return state.matcher.is_terminated()
 
     def shutdown(self) -> None:
-        """Stop the compile threads (running compiles finish in the background)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Cancel queued compiles (running ones finish in the background, on daemon threads)."""
+        self._pool.shutdown()
 
     # ------------------------------------------------------------------------------------------------ compile
     def _compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
-        """Runs in a compile thread. Raises `ValueError` naming the constraint and the problem."""
+        """Runs in a compile thread. Raises `GrammarError` naming the constraint and the problem."""
         compiler = self._get_compiler()
         kind, spec = key
         try:
             if kind == "json":
-                return compiler.compile_json_schema(spec, any_whitespace=_ANY_WHITESPACE)
-            if kind == "json_object":
-                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=_ANY_WHITESPACE)
-            if kind == "regex":
-                return compiler.compile_regex(spec)
-            return compiler.compile_grammar(spec)  # "grammar" and "choice" (EBNF)
+                compiled = compiler.compile_json_schema(spec, any_whitespace=_ANY_WHITESPACE)
+            elif kind == "json_object":
+                compiled = compiler.compile_json_schema('{"type": "object"}', any_whitespace=_ANY_WHITESPACE)
+            elif kind == "regex":
+                compiled = compiler.compile_regex(spec)
+            else:
+                compiled = compiler.compile_grammar(spec)  # "grammar" and "choice" (EBNF)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for any bad spec
-            raise ValueError(f"structured_outputs.{kind} is invalid: {_xgrammar_message(e)}") from None
+            raise GrammarError(f"structured_outputs.{kind} is invalid: {_xgrammar_message(e)}") from None
+        size, limit = compiled.memory_size_bytes, self.config.max_grammar_memory_bytes
+        if size > limit:  # dropped here: never cached
+            raise GrammarError(f"structured_outputs.{kind} compiles to a grammar of {size / 2**20:.1f} MiB, over the "
+                               f"engine's limit of {limit / 2**20:.1f} MiB (max_grammar_memory_bytes)")
+        return compiled
 
     def _get_compiler(self) -> Any:
         """The xgrammar compiler over the model's tokenizer, built once (by whichever compile thread comes first)."""
@@ -229,15 +287,27 @@ class StructuredOutputManager:
                 try:
                     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
                 except Exception as e:  # noqa: BLE001 - transformers raises many types here
-                    raise ValueError(f"structured output needs the model's tokenizer, which could not be loaded "
-                                     f"from {path!r}: {type(e).__name__}: {e}") from None
+                    raise RuntimeError(f"structured output needs the model's tokenizer, which could not be loaded "
+                                       f"from {path!r}: {type(e).__name__}: {e}") from None
                 info = xgr.TokenizerInfo.from_huggingface(
                     tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.model_config.eos_token_ids or None)
                 self._no_control_bytes = _pack_bits([not any(b < 0x20 for b in token)
                                                      for token in info.decoded_vocab], self.vocab_size)
-                # Our own LRU (`_cache`) bounds what is kept; xgrammar's cache would grow without limit.
-                self._compiler = xgr.GrammarCompiler(info, max_threads=self.max_workers, cache_enabled=False)
+                # Our own LRU (`_cache`) bounds what is kept, by bytes, and never keeps what timed out.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=self.config.compile_workers,
+                                                     cache_enabled=False)
             return self._compiler
+
+
+def _compile_failure(request_id: str, kind: str, error: BaseException) -> InputError:
+    """The error for a request whose compile failed: the request's fault unless the engine's."""
+    if isinstance(error, GrammarError):
+        return InputError(message=str(error), request_id=request_id)
+    if isinstance(error, CompileTimeoutError):
+        return InputError(message=f"structured_outputs.{kind} is too costly to compile: {error} (the engine's "
+                          "grammar_compile_timeout_s)", request_id=request_id)
+    return InputError(message=f"structured output failed: {type(error).__name__}: {error}", request_id=request_id,
+                      internal=True)
 
 
 def _pack_bits(allowed: Sequence[bool], vocab_size: int) -> np.ndarray:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from vx.core.scheduler_output import SchedulerOutput
+from vx.gpu.sampling_metadata import make_generator
 from vx.sampling_params import SamplingParams
 
 
@@ -55,8 +56,14 @@ class InputBatch:
         # seeded request's text does not depend on whether memory pressure preempted it.
         self.parked_generators: dict[str, torch.Generator | None] = {}
 
-    def update_states(self, so: SchedulerOutput) -> None:
-        """Drop ended requests, (re)register new ones, extend block tables of running ones."""
+    def update_states(self, so: SchedulerOutput) -> dict[str, str]:
+        """Drop ended requests, (re)register new ones, extend block tables of running ones.
+
+        Returns req id -> message for each new request whose sampling state could not be prepared (its generator):
+        it is registered all the same, so that its tokens still run in this step's forward pass (its blocks may be
+        shared with another request in this very step), but it must not sample, and must end.
+        """
+        failed: dict[str, str] = {}
         for rid in so.finished_req_ids:
             self.states.pop(rid, None)
             self.parked_generators.pop(rid, None)
@@ -72,7 +79,11 @@ class InputBatch:
                 elif sr.req_id in self.parked_generators:
                     gen = self.parked_generators.pop(sr.req_id)
                 else:
-                    gen = self._make_generator(sr.sampling_params)
+                    try:
+                        gen = self._make_generator(sr.sampling_params)
+                    except Exception as e:  # noqa: BLE001 - this request fails alone
+                        gen = None
+                        failed[sr.req_id] = f"preparing its sampling failed: {type(e).__name__}: {e}"
                 # A copy of the output so far: from here on the runner appends what it samples (the scheduler's
                 # list may live in another process, or be appended to at another time).
                 self.states[sr.req_id] = CachedRequestState(
@@ -80,6 +91,7 @@ class InputBatch:
                     sr.prompt_token_ids, tuple(sr.eos_token_ids), sr.bad_words_token_ids)
             elif sr.new_block_ids:
                 self.states[sr.req_id].block_ids.extend(sr.new_block_ids)
+        return failed
 
     def append_sampled(self, states: list[CachedRequestState], token_ids: list[int]) -> None:
         """Record one sampled token per sampling row, so next step's penalties see it."""
@@ -87,11 +99,7 @@ class InputBatch:
             state.output_token_ids.append(tok)
 
     def _make_generator(self, params: SamplingParams) -> torch.Generator | None:
-        if params.seed is None:
-            return None
-        g = torch.Generator(device=self.device)
-        g.manual_seed(params.seed)
-        return g
+        return None if params.seed is None else make_generator(params.seed, self.device)
 
     def prepare(self, so: SchedulerOutput) -> StepInputs:
         """Flatten the scheduled requests into positions, slots and a padded block table."""

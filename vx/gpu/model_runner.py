@@ -13,7 +13,7 @@ from vx.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
-from vx.gpu.input_batch import InputBatch
+from vx.gpu.input_batch import CachedRequestState, InputBatch
 from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
@@ -56,10 +56,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        """Compute the scheduled tokens and sample one token for each request that reached its end."""
-        self.input_batch.update_states(so)
+        """Compute the scheduled tokens and sample one token for each request that reached its end.
+
+        Work that belongs to one request (its sampling state, its sampling, its prompt logprobs) fails that request
+        alone: it is reported in `ModelRunnerOutput.failed`, and the others sample as they would have. Only a
+        failure of the batch's forward pass raises (and ends the engine).
+        """
+        failed = self.input_batch.update_states(so)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput.empty()
+            return ModelRunnerOutput([], [], failed=failed)
         if self.pre_execute_hook is not None:
             self.pre_execute_hook(so)
         inp = self.input_batch.prepare(so)
@@ -80,46 +85,87 @@ class ModelRunner:
             block_size=self.block_size,
         )
         attn_metadata = self.attn_backend.build_metadata(common)
+        # Every scheduled request runs, a failed one too: its blocks may be shared with another request that reads
+        # them in this very step (prefix caching registers blocks when they are allocated).
         hidden = self.model(inp.input_ids.to(dev, non_blocking=True),
                             inp.positions.to(dev, non_blocking=True), attn_metadata)
-        prompt_logprobs = self._prompt_logprobs(so, inp.query_start_loc, hidden)
-        if not inp.sampling_req_ids:
-            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs)
+        prompt_logprobs = self._prompt_logprobs(so, inp.query_start_loc, hidden, failed)
+        rows = [i for i, req_id in enumerate(inp.sampling_req_ids) if req_id not in failed]
+        if not rows:
+            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs, failed=failed)
         logits = self.model.compute_logits(hidden[inp.logits_indices.to(dev)])
         if so.grammar_bitmask is not None:
             # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
             apply_grammar_bitmask(logits, so.grammar_bitmask, so.grammar_req_ids, inp.sampling_req_ids)
-        states = inp.sampling_states
+        if len(rows) < len(inp.sampling_req_ids):
+            logits = logits[torch.tensor(rows, device=dev)]
+        states = [inp.sampling_states[i] for i in rows]
+        states, sampled, row_logprobs = self._sample(logits, states, failed)
+        self.input_batch.append_sampled(states, sampled)
+        return ModelRunnerOutput([s.req_id for s in states], sampled, row_logprobs, prompt_logprobs, failed)
+
+    def _sample(self, logits: torch.Tensor, states: list[CachedRequestState], failed: dict[str, str],
+                ) -> tuple[list[CachedRequestState], list[int], list[TokenLogprobs | None] | None]:
+        """One token (and its logprobs) per row: the rows that sampled, their tokens and logprobs.
+
+        The whole batch samples at once. Should that raise, each row samples alone, from its generator's state
+        before the batch's attempt, so that each healthy row gets exactly the token it would have got; a row that
+        raises alone fails its request (added to `failed`).
+        """
+        saved = [None if s.generator is None else s.generator.get_state() for s in states]
+        try:
+            return (states, *self._sample_rows(logits, states))
+        except Exception as e:  # noqa: BLE001 - find the rows at fault
+            logger.warning("vx: sampling a batch of %d rows failed (%s: %s); sampling each row alone", len(states),
+                           type(e).__name__, e)
+        kept: list[CachedRequestState] = []
+        sampled: list[int] = []
+        row_logprobs: list[TokenLogprobs | None] = []
+        for i, state in enumerate(states):
+            if saved[i] is not None:
+                state.generator.set_state(saved[i])
+            try:
+                token, logprobs = self._sample_rows(logits[i:i + 1], [state])
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                failed[state.req_id] = f"sampling failed: {type(e).__name__}: {e}"
+                logger.warning("vx: request %r failed alone: sampling raised %s: %s", state.req_id,
+                               type(e).__name__, e)
+                continue
+            kept.append(state)
+            sampled += token
+            row_logprobs.append(None if logprobs is None else logprobs[0])
+        return kept, sampled, row_logprobs if any(lp is not None for lp in row_logprobs) else None
+
+    def _sample_rows(self, logits: torch.Tensor, states: list[CachedRequestState],
+                     ) -> tuple[list[int], list[TokenLogprobs | None] | None]:
+        """Sample the rows of `logits` (row i: `states[i]`): their tokens, and their logprobs if some row asks."""
         generators = {i: s.generator for i, s in enumerate(states) if s.generator is not None}
         meta = SamplingMetadata.build(
-            [s.sampling_params for s in states], generators, dev,
+            [s.sampling_params for s in states], generators, self.device,
             output_token_ids=[s.output_token_ids for s in states],
             prompt_token_ids=[s.prompt_token_ids for s in states],
             eos_token_ids=[s.eos_token_ids for s in states],
             bad_words_token_ids=[s.bad_words_token_ids for s in states])
         sampler_output = self.sampler(logits, meta)
         sampled = sampler_output.sampled_token_ids.tolist()
-        self.input_batch.append_sampled(states, sampled)
-        row_logprobs = None
-        if sampler_output.logprobs is not None:
-            row_logprobs = _split_logprobs(sampler_output.logprobs,
-                                           [s.sampling_params.logprobs for s in states])
-        return ModelRunnerOutput(inp.sampling_req_ids, sampled, row_logprobs, prompt_logprobs)
+        if sampler_output.logprobs is None:
+            return sampled, None
+        return sampled, _split_logprobs(sampler_output.logprobs, [s.sampling_params.logprobs for s in states])
 
-    def _prompt_logprobs(self, so: SchedulerOutput, query_start_loc: np.ndarray,
-                         hidden: torch.Tensor) -> dict[str, tuple[int, TokenLogprobs]] | None:
+    def _prompt_logprobs(self, so: SchedulerOutput, query_start_loc: np.ndarray, hidden: torch.Tensor,
+                         failed: dict[str, str]) -> dict[str, tuple[int, TokenLogprobs]] | None:
         """Logprobs of the prompt tokens this step computed, for the requests that asked for `prompt_logprobs`.
 
         The hidden state at prompt position p predicts prompt token p + 1; the last prompt position predicts the
         first output token instead, so it is left out. A request that already generated (resumed after a
-        preemption) was served its prompt logprobs before and is skipped.
+        preemption) was served its prompt logprobs before and is skipped. Computed for all those requests at
+        once; should that raise, for each alone, and a request whose own computation raises fails (`failed`).
         """
-        wanted: list[tuple[str, int, list[int], int]] = []  # (req id, first position, targets, k)
-        rows: list[torch.Tensor] = []
+        wanted: list[tuple[str, int, list[int], int, torch.Tensor]] = []  # (req id, first position, targets, k, rows)
         for i, sr in enumerate(so.scheduled):
             state = self.input_batch.states[sr.req_id]
             k = state.sampling_params.prompt_logprobs
-            if k is None or state.output_token_ids:
+            if k is None or state.output_token_ids or sr.req_id in failed:
                 continue
             prompt = state.prompt_token_ids
             start = sr.num_computed_tokens
@@ -127,17 +173,33 @@ class ModelRunner:
             if end <= start:
                 continue
             first_row = int(query_start_loc[i])
-            rows.append(torch.arange(first_row, first_row + end - start))
-            wanted.append((sr.req_id, start, prompt[start + 1:end + 1], k))
+            wanted.append((sr.req_id, start, prompt[start + 1:end + 1], k,
+                           torch.arange(first_row, first_row + end - start)))
         if not wanted:
             return None
-        logprobs = self.model.compute_logits(hidden[torch.cat(rows).to(self.device)]).float().log_softmax(dim=-1)
+        try:
+            return self._gather_prompt_logprobs(hidden, wanted)
+        except Exception as e:  # noqa: BLE001 - find the requests at fault
+            logger.warning("vx: prompt logprobs of %d requests failed (%s: %s); computing each alone", len(wanted),
+                           type(e).__name__, e)
+        out: dict[str, tuple[int, TokenLogprobs]] = {}
+        for w in wanted:
+            try:
+                out.update(self._gather_prompt_logprobs(hidden, [w]))
+            except Exception as e:  # noqa: BLE001 - this request fails alone
+                failed[w[0]] = f"prompt logprobs failed: {type(e).__name__}: {e}"
+        return out or None
+
+    def _gather_prompt_logprobs(self, hidden: torch.Tensor, wanted: list[tuple[str, int, list[int], int, torch.Tensor]],
+                                ) -> dict[str, tuple[int, TokenLogprobs]]:
+        rows = torch.cat([w[4] for w in wanted]).to(self.device)
+        logprobs = self.model.compute_logits(hidden[rows]).float().log_softmax(dim=-1)
         targets = torch.tensor([t for w in wanted for t in w[2]], dtype=torch.int64, device=self.device)
         gathered = gather_logprobs(logprobs, targets, max(w[3] for w in wanted))
         ids, lps, ranks = gathered.token_ids.tolist(), gathered.logprobs.tolist(), gathered.ranks.tolist()
         out: dict[str, tuple[int, TokenLogprobs]] = {}
         offset = 0
-        for req_id, start, targets_of_req, k in wanted:
+        for req_id, start, targets_of_req, k, _ in wanted:
             end = offset + len(targets_of_req)
             out[req_id] = (start, _rows_logprobs(ids, lps, ranks, offset, end, k))
             offset = end
