@@ -15,3 +15,8 @@ class EngineDeadError(RuntimeError):
 
 class EngineGenerateError(RuntimeError):
     """A single request failed inside the engine while the engine itself kept running."""
+
+
+class InvalidRequestError(EngineGenerateError, ValueError):
+    """The engine refused the request because of its input (e.g. a grammar that does not compile, or exceeds the
+    compile limits): a client error, like the `ValueError`s the front end raises before sending a request."""
