@@ -9,7 +9,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from vx.outputs import RequestOutput
-from vx.serve.errors import APIError, bad_request
+from vx.serve.errors import bad_request
 from vx.serve.generation import EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import append_completion_logprobs
 from vx.serve.params import sampling_params, structured_outputs
@@ -26,7 +26,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, receive:
     start = now()
     try:
         return await _create(state, req, receive, start)
-    except APIError:
+    except Exception:  # every failure counts, unexpected ones too
         state.metrics.record_error(ENDPOINT)
         raise
 
@@ -38,7 +38,7 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported (only best_of == n).", "best_of")
     texts, prompts = _prompts(req.prompt, state.tokenizer)
-    structured = structured_outputs(req, req.response_format, None)
+    structured = structured_outputs(req, req.response_format, None, max_json_depth=state.options.max_json_depth)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, structured=structured,
                              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
     rid, created = new_id("cmpl"), int(time.time())
@@ -67,7 +67,7 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
 
         try:
             await run_jobs(state.llm, jobs, on_delta)
-        except APIError:
+        except Exception:  # every failure counts, unexpected ones too
             state.metrics.record_error(ENDPOINT)
             raise
         for job in jobs:
