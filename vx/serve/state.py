@@ -1,4 +1,5 @@
-"""What one server app holds: its engine, the names it serves the model under, its options and its metrics.
+"""What one server app holds: its engine, the names it serves the model under, its options, its running requests
+and its metrics.
 
 Kept on `app.state.vx`, so two apps in one process share nothing.
 """
@@ -10,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vx.serve.errors import APIError
+from vx.serve.inflight import InFlight
 from vx.serve.metrics import ServerMetrics
+from vx.serve.options import ServerOptions
 
 
 @dataclass
@@ -20,6 +23,8 @@ class ServerState:
     api_key: str | None = None
     chat_template: str | None = None  # overrides the tokenizer's template
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    options: ServerOptions = field(default_factory=ServerOptions)
+    inflight: InFlight = field(default_factory=InFlight)
 
     @property
     def tokenizer(self) -> Any:
