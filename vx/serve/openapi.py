@@ -13,8 +13,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from vx.serve.guard import GENERATION_PATHS
-from vx.serve.protocol import ErrorResponse
+from pydantic import BaseModel
+
+from vx.serve.chat import ENDPOINT as CHAT_ENDPOINT
+from vx.serve.completions import ENDPOINT as COMPLETIONS_ENDPOINT
+from vx.serve.protocol import ChatCompletionChunk, CompletionResponse, ErrorResponse
+
+_STREAM_CHUNKS: dict[str, type[BaseModel]] = {COMPLETIONS_ENDPOINT: CompletionResponse,
+                                              CHAT_ENDPOINT: ChatCompletionChunk}
 
 _WHY = {
     400: "A bad field, malformed JSON, JSON nested too deeply or holding a lone surrogate, an invalid JSON schema "
@@ -37,7 +43,7 @@ def _statuses(path: str, method: str) -> list[int]:
         statuses.append(404)
     if method == "post":
         statuses += [400, 408, 413]
-    if path in GENERATION_PATHS:
+    if path in _STREAM_CHUNKS:
         statuses += [404, 429]
     return sorted(set(statuses))
 
@@ -49,10 +55,7 @@ def openapi_document(app: FastAPI, *, title: str, version: str, api_key_required
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422, which vx never sends
         schemas.pop(name, None)
-    error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
-    schemas.update(error_schema.pop("$defs", {}))
-    schemas["ErrorResponse"] = error_schema
-    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    error_ref = _component(schemas, ErrorResponse)
     if api_key_required:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, item in doc.get("paths", {}).items():
@@ -62,10 +65,32 @@ def openapi_document(app: FastAPI, *, title: str, version: str, api_key_required
             for status in _statuses(path, method):
                 responses[str(status)] = {"description": _WHY[status],
                                           "content": {"application/json": {"schema": error_ref}}}
-            if path in GENERATION_PATHS:
+            if path in _STREAM_CHUNKS:
                 responses["200"].setdefault("content", {})["text/event-stream"] = {
-                    "schema": {"type": "string", "description": "Server-sent events: `data: <chunk JSON>` per "
-                               "chunk, an error as `data: <ErrorResponse JSON>`, and `data: [DONE]` last."}}
+                    "schema": _event_schema(_component(schemas, _STREAM_CHUNKS[path]), error_ref)}
             if api_key_required and path.startswith("/v1/"):
                 operation["security"] = [{"bearer": []}]
     return doc
+
+
+def _component(schemas: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
+    """A reference to `model`'s schema, added to the components (with the models it uses) if missing."""
+    if model.__name__ not in schemas:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="serialization")
+        for name, definition in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        schemas[model.__name__] = schema
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _event_schema(chunk_ref: dict[str, str], error_ref: dict[str, str]) -> dict[str, Any]:
+    """One server-sent event of a stream (before OpenAPI 3.2 `schema` describes each event): `data` is a chunk,
+    an error (a stream that fails after its first chunk), or `[DONE]`, last."""
+    return {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json",
+             "contentSchema": {"anyOf": [chunk_ref, error_ref]}},
+        ]}},
+    }
