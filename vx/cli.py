@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
+import logging
 import os
 import signal
 import sys
@@ -127,30 +129,91 @@ def _read_line() -> str | None:
         return None
 
 
-def _serve(ns: argparse.Namespace) -> None:
-    """Run the OpenAI-compatible server until Ctrl-C / SIGTERM (uvicorn's signal handling stops the engine)."""
-    try:
-        import uvicorn
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServerOptions field (`--max-body-bytes`, `--keep-alive-on-engine-death`, ...)."""
+    from vx.serve.options import ServerOptions
 
+    group = parser.add_argument_group("server limits and behaviour")
+    for f in dataclasses.fields(ServerOptions):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "") + " (default: %(default)s)"
+        if f.type == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            group.add_argument(flag, type=int if f.type == "int" else float, default=f.default, help=help_text)
+
+
+def server_options(ns: argparse.Namespace):
+    """The ServerOptions the flags give."""
+    from vx.serve.options import ServerOptions
+
+    return ServerOptions(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerOptions)})
+
+
+def _api_key(ns: argparse.Namespace) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $VX_API_KEY; None for no key."""
+    if ns.api_key and ns.api_key_file:
+        raise ValueError("give --api-key or --api-key-file, not both.")
+    if ns.api_key:
+        logging.getLogger("vx.serve").warning(
+            "vx serve: --api-key is visible to every user in the process list; prefer --api-key-file or $VX_API_KEY")
+        return ns.api_key
+    if ns.api_key_file:
+        try:
+            with open(ns.api_key_file, encoding="utf-8") as f:
+                key = f.readline().strip()
+        except OSError as e:
+            raise ValueError(f"--api-key-file: {e}") from None
+        if not key:
+            raise ValueError(f"--api-key-file {ns.api_key_file} holds no key.")
+        return key
+    return envs.VX_API_KEY.get() or None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def _serve(ns: argparse.Namespace) -> None:
+    """Run the OpenAI-compatible server until SIGTERM / Ctrl-C (exit 0) or the engine's death (exit 1)."""
+    try:
         from vx.serve.app import build_app
         from vx.serve.template_sandbox import TemplateLimits
+        from vx.serve.server import run
     except ImportError as e:
         raise SystemExit(f"vx serve needs the server dependencies: pip install 'vx[serve]' ({e})") from None
     from vx.client.async_llm import AsyncLLM
 
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    vx_logger = logging.getLogger("vx")
+    vx_logger.addHandler(handler)
+    vx_logger.setLevel(ns.log_level.upper())
     kwargs = engine_kwargs(ns)
     model = kwargs.pop("model", None)
     llm = AsyncLLM(model, **kwargs)  # checks the engine args now, before the server binds its port
+    options = server_options(ns)
+    api_key = _api_key(ns)
+    if not _is_loopback(ns.host):
+        vx_logger.warning("vx serve: listening on %s, beyond loopback: whoever reaches it can use the model%s",
+                          ns.host, "" if api_key else ", and no API key is set (--api-key-file, $VX_API_KEY)")
     chat_template = ns.chat_template
     if chat_template is not None and os.path.isfile(chat_template):
         with open(chat_template, encoding="utf-8") as f:
             chat_template = f.read()
     limits = TemplateLimits(timeout_s=ns.chat_template_timeout, max_output_chars=ns.chat_template_max_output_chars,
                             max_memory_mb=ns.chat_template_max_memory_mb, workers=ns.chat_template_workers)
-    app = build_app(llm, served_model_names=ns.served_model_name, api_key=ns.api_key or envs.VX_API_KEY.get(),
-                    chat_template=chat_template, trust_request_chat_template=ns.trust_request_chat_template,
+    app = build_app(llm, served_model_names=ns.served_model_name, api_key=api_key, chat_template=chat_template,
+                    options=options, trust_request_chat_template=ns.trust_request_chat_template,
                     chat_template_limits=limits)
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level, timeout_graceful_shutdown=5)
+    code = run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
+    if code:
+        raise SystemExit(code)
 
 
 def _bench(ns: argparse.Namespace, rest: list[str]) -> None:
@@ -207,12 +270,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
-                   help="require `Authorization: Bearer KEY` on /v1/* (default: $VX_API_KEY, else no key)")
+                   help="require `Authorization: Bearer KEY` on /v1/* (default: $VX_API_KEY, else no key); "
+                        "visible in the process list: prefer --api-key-file or $VX_API_KEY")
+    p.add_argument("--api-key-file", default=None, help="a file whose first line is the API key")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use for the model (default: the --model argument)")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template, or a file holding one")
     add_chat_template_args(p)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_server_options(p)
     add_engine_args(p)
     # No -h of its own: `vx bench NAME --help` reaches the benchmark's parser (`vx bench help` lists them).
     p = sub.add_parser("bench", help="run the benchmarks (vx beside its competitors)", add_help=False)

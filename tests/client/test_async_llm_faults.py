@@ -82,11 +82,22 @@ async def test_sigkill_while_idle(tiny_model_dir):
     async with engine_that_dies(tiny_model_dir, ENGINE_KWARGS) as (llm, engine):
         assert (await llm.complete("warm", PARAMS)).finished
         assert os.path.isdir(engine.ipc_dir)
+        assert not llm.errored and llm.dead_error is None
         os.kill(engine.proc.pid, signal.SIGKILL)
         with anyio.fail_after(2.0):  # the watcher notices the exit through the process sentinel
-            while not engine.is_dead:
+            while not llm.errored:
                 await anyio.sleep(0.01)
+        assert isinstance(llm.dead_error, vx.EngineDeadError) and "SIGKILL" in str(llm.dead_error)
         await expect_dead_everywhere(llm, "SIGKILL")
+    assert llm.errored, "a crash stays visible after shutdown"
+
+
+@pytest.mark.anyio
+async def test_a_normal_shutdown_is_not_an_error(tiny_model_dir):
+    async with vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS) as llm:
+        assert (await llm.complete("warm", PARAMS)).finished
+        assert not llm.errored
+    assert not llm.errored and llm.dead_error is None
 
 
 @pytest.mark.anyio

@@ -1,14 +1,16 @@
-"""A `vx serve` of the tiny model, started once per session as a subprocess, and `openai` clients for it."""
+"""A `vx serve` of the tiny model, started once per session as a subprocess, `openai` clients for it, and raw
+HTTP/1.1 over a socket for what no client library sends (half requests, bodies that never end)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -69,9 +71,11 @@ def stop_server(server: Server) -> int:
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
-    log_path = str(tmp_path_factory.mktemp("serve") / "server.log")
-    srv = start_server(tiny_model_dir, log_path, "--api-key", API_KEY, "--served-model-name", MODEL, "tiny-alias",
-                       "--max-model-len", "1024")
+    folder = tmp_path_factory.mktemp("serve")
+    key_file = folder / "api-key"
+    key_file.write_text(API_KEY + "\n")
+    srv = start_server(tiny_model_dir, str(folder / "server.log"), "--api-key-file", str(key_file),
+                       "--served-model-name", MODEL, "tiny-alias", "--max-model-len", "1024")
     yield srv
     stop_server(srv)
 
@@ -98,3 +102,45 @@ def metric(http_client: httpx.Client, name: str, labels: str = "") -> float:
         if line.startswith(want + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def connect(server: Server, timeout: float = 10.0) -> socket.socket:
+    """A TCP connection to the server, with a timeout on every operation."""
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
+def request_head(method: str, path: str, headers: dict[str, str]) -> bytes:
+    """An HTTP/1.1 request line and headers, up to the blank line."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@dataclasses.dataclass
+class RawResponse:
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def read_response(sock: socket.socket) -> RawResponse:
+    """One response with a Content-Length body (what error responses have) from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response: {data!r}")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return RawResponse(int(status_line.split()[1]), headers, body)

@@ -18,6 +18,12 @@ def test_models_lists_the_served_names(client):
         client.models.retrieve("gpt-4")
 
 
+def test_models_name_no_filesystem_path(http, tiny_model_dir):
+    listing = http.get("/v1/models")
+    assert [m["root"] for m in listing.json()["data"]] == [MODEL, MODEL]  # the model behind each alias
+    assert tiny_model_dir not in listing.text
+
+
 def test_completion_and_its_stream_agree(client):
     out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8, **GREEDY)
     choice = out.choices[0]

@@ -92,6 +92,18 @@ def test_required_schema_accepts_exactly_lists_of_calls():
         jsonschema.validate([{"name": "get_time", "parameters": {}}] * 2, one)
 
 
+def test_required_schema_keeps_each_tools_own_refs():
+    # A tool's `$ref`s point into its own schema; under "required" they must still find their target.
+    tools = [ToolDefinition.model_validate({"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "required": ["x"],
+        "$defs": {"x": {"type": kind}}}}}) for n, kind in (("f", "string"), ("g", "integer"))]
+    schema = forced_tool_schema(tools, "required").json
+    jsonschema.validate([{"name": "f", "parameters": {"x": "a"}}, {"name": "g", "parameters": {"x": 1}}], schema)
+    for bad in ([{"name": "f", "parameters": {"x": 1}}], [{"name": "g", "parameters": {"x": "a"}}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
 def test_named_schema_is_the_functions_parameters():
     choice = NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}})
     assert forced_tool_schema(TOOLS, choice).json == TOOLS[0].function.parameters

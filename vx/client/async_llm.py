@@ -238,6 +238,18 @@ class AsyncLLM:
         """Requests this front end still tracks (0 once every request has ended)."""
         return self.output_processor.get_num_unfinished_requests() if self._client is not None else 0
 
+    @property
+    def errored(self) -> bool:
+        """True once the engine died on its own (crashed, was killed), as vLLM's `AsyncLLM.errored`; False while
+        it runs and after a normal shutdown. Every call then raises `dead_error`."""
+        return self._client is not None and self._client.engine.crashed
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        """Why the engine died (a fresh `vx.EngineDeadError`, with the engine's error as `__cause__`) once
+        `errored`, else None."""
+        return self._client.dead_error() if self._client is not None and self.errored else None
+
     # ------------------------------------------------------------------------------------------- internals
     def _require_client(self) -> AsyncMPClient:
         if self._client is None or self._closed:

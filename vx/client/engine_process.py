@@ -84,6 +84,7 @@ class EngineProcess:
         self._pending_sends: collections.deque[list[bytes]] = collections.deque()
         self._dead: tuple[str, str | None] | None = None
         self.closing = False
+        self.crashed = False  # died on its own (crash, kill) rather than by `close()`
         self._closed = False
         self.exitcode: int | None = None  # the process's exit code, once close() has reaped it
 
@@ -182,7 +183,8 @@ class EngineProcess:
         if self._dead is not None:
             return
         self._dead = (message, cause)
-        if not self.closing:
+        self.crashed = not self.closing
+        if self.crashed:
             logger.error("%s", message if cause is None else f"{message}\n{cause}")
 
     def mark_exited(self) -> None:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible app: `build_app(llm, ...)` returns a FastAPI app serving one `vx.AsyncLLM`.
 
 Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (behind the API key, if one is set), and
-`/health`, `/metrics` (open, for probes and scrapers). The app's lifespan starts the engine and stops it.
+`/health`, `/metrics`, `/openapi.json` (open, for probes, scrapers and clients). The request guard
+(guard.py) admits each request before any route runs; the app's lifespan starts the engine and stops it.
 This module runs in the application's process: it never imports torch (the model lives in the engine process).
 """
 
@@ -9,36 +10,49 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
 from typing import Any, AsyncIterator
 
 import anyio
-from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
+import vx
 from vx.errors import EngineDeadError
 from vx.serve.chat import create_chat_completion
 from vx.serve.completions import create_completion
 from vx.serve.errors import APIError, install_error_handlers
+from vx.serve.guard import GENERATION_PATHS, RequestGuard
 from vx.serve.metrics import ServerMetrics
-from vx.serve.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from vx.serve.openapi import openapi_document
+from vx.serve.options import ServerOptions
+from vx.serve.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
+                               ModelCard, ModelList)
 from vx.serve.state import ServerState
 from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
 logger = logging.getLogger(__name__)
 
 _STATS_TIMEOUT_S = 10.0  # a stats call the engine does not answer in this long means it is stuck
-_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+
+
+class HealthStatus(BaseModel):
+    """What `GET /health` answers while the engine runs."""
+
+    status: str = "ok"
 
 
 def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key: str | None = None,
-              chat_template: str | None = None, start_engine: bool = True, trust_request_chat_template: bool = False,
+              chat_template: str | None = None, start_engine: bool = True,
+              options: ServerOptions | None = None, trust_request_chat_template: bool = False,
               chat_template_limits: TemplateLimits | None = None) -> FastAPI:
     """A FastAPI app serving `llm` (a `vx.AsyncLLM`) under `served_model_names` (default: its model argument).
 
     With `start_engine=True` the app's lifespan runs `async with llm`; pass False for an engine the caller
     already started (and will stop). `api_key`, if set, is required as `Authorization: Bearer <key>` on /v1/*.
+    `options` holds the limits and behaviours (body size, concurrency, timeouts, shutdown); the header timeout,
+    the shutdown grace period and the exit on engine death need the app run by `vx.serve.server.run`.
     A request's own `chat_template` is refused unless `trust_request_chat_template`; every template renders in
     renderer processes under `chat_template_limits` (vx/serve/template_sandbox.py).
     """
@@ -46,8 +60,10 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
     if not names:
         names = [llm.engine_args.model or _default_model_name()]
     state = ServerState(llm=llm, served_model_names=names, api_key=api_key or None, chat_template=chat_template,
-                        metrics=ServerMetrics(), trust_request_chat_template=trust_request_chat_template,
+                        metrics=ServerMetrics(), options=options or ServerOptions(),
+                        trust_request_chat_template=trust_request_chat_template,
                         templates=TemplateSandbox(chat_template_limits))
+    state.metrics.in_flight.set_function(lambda: state.inflight.generating)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,18 +78,21 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
         finally:
             await state.templates.aclose()
 
-    app = FastAPI(title="vx", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="vx", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.vx = state
 
     def on_error(request: Request, status: int) -> None:
         # Route-level errors (bad JSON, a missing field) never reach the handlers, which count their own.
-        if request.url.path in _ENDPOINTS and getattr(request.state, "vx_counted", False) is False:
+        if request.url.path in GENERATION_PATHS and getattr(request.state, "vx_counted", False) is False:
             request.state.vx_counted = True
             state.metrics.record_error(request.url.path)
 
     install_error_handlers(app, on_error)
     app.include_router(_v1_router(state))
     _add_open_routes(app, state)
+    app.add_middleware(RequestGuard, state=state)
+    document = openapi_document(app, title="vx", version=vx.__version__, api_key_required=state.api_key is not None)
+    app.openapi = lambda: document  # type: ignore[method-assign]
     return app
 
 
@@ -84,31 +103,24 @@ def _default_model_name() -> str:
 
 
 def _v1_router(state: ServerState) -> APIRouter:
-    async def check_api_key(request: Request) -> None:
-        if state.api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), state.api_key.encode()):
-            raise APIError("Invalid or missing API key: send `Authorization: Bearer <key>`.", 401,
-                           code="invalid_api_key")
+    # The API key is checked by the request guard, before the body is read. The response models only
+    # document the routes (each returns its Response itself).
+    router = APIRouter(prefix="/v1")
 
-    router = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
-
-    @router.get("/models")
+    @router.get("/models", response_model=ModelList)
     async def list_models() -> Response:
         return _json(ModelList(data=[_card(state, n) for n in state.served_model_names]))
 
-    @router.get("/models/{model_id:path}")
+    @router.get("/models/{model_id:path}", response_model=ModelCard)
     async def get_model(model_id: str) -> Response:
         return _json(_card(state, state.model_name(model_id)))
 
-    @router.post("/completions")
+    @router.post("/completions", response_model=CompletionResponse)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         request.state.vx_counted = True  # the handler counts its own errors
         return await create_completion(state, body, request.receive)
 
-    @router.post("/chat/completions")
+    @router.post("/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request.state.vx_counted = True
         return await create_chat_completion(state, body, request.receive)
@@ -117,30 +129,31 @@ def _v1_router(state: ServerState) -> APIRouter:
 
 
 def _add_open_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health")
+    @app.get("/health", response_model=HealthStatus)
     async def health() -> Response:
         """200 while the engine answers, 503 once it is dead or stuck."""
         try:
             with anyio.fail_after(_STATS_TIMEOUT_S):
                 await state.llm.stats()
         except (EngineDeadError, RuntimeError, TimeoutError) as e:
-            return APIError(f"The engine is not running: {e}", 503).response()
-        return JSONResponse({"status": "ok"})
+            return APIError(f"The engine is not running: {e}", 503, code="engine_dead").response()
+        return JSONResponse(HealthStatus().model_dump())
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
+        """Prometheus metrics; the engine's gauges are NaN while the engine does not answer."""
         try:
             with anyio.fail_after(_STATS_TIMEOUT_S):
                 state.metrics.update_engine(await state.llm.stats())
         except (EngineDeadError, RuntimeError, TimeoutError) as e:
             logger.warning("vx serve: no engine stats for /metrics: %s", e)  # the counters still count
+            state.metrics.clear_engine()
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _card(state: ServerState, name: str) -> ModelCard:
-    config = state.llm.config
-    root = config.model_config.model if config is not None else None
-    return ModelCard(id=name, root=root, max_model_len=state.max_model_len)
+    # `root` names the model behind the alias: the first served name, never a filesystem path.
+    return ModelCard(id=name, root=state.served_model_names[0], max_model_len=state.max_model_len)
 
 
 def _json(model: Any) -> Response:

@@ -16,7 +16,7 @@ from starlette.types import Receive
 from vx.client.chat import chat_sampling_params
 from vx.outputs import CompletionOutput, RequestOutput
 from vx.serve.chat_prompt import chat_prompt_ids
-from vx.serve.errors import APIError, bad_request
+from vx.serve.errors import bad_request
 from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import chat_logprobs
 from vx.serve.params import MAX_LOGPROBS, sampling_params, structured_outputs
@@ -27,6 +27,7 @@ from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema,
                                   parse_tool_calls)
+from vx.serve.validation import check_json_schema, check_json_text
 
 ENDPOINT = "/v1/chat/completions"
 
@@ -36,7 +37,7 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     start = now()
     try:
         return await _create(state, req, receive, start)
-    except APIError:
+    except Exception:  # every failure counts, unexpected ones too
         state.metrics.record_error(ENDPOINT)
         raise
 
@@ -51,13 +52,30 @@ def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
     return choice
 
 
+def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
+    """The tools' parameter schemas must be valid JSON schemas, and the arguments of earlier calls (JSON text
+    inside a message) no deeper than the body may nest."""
+    for i, tool in enumerate(req.tools or []):
+        if tool.function.parameters is not None:
+            check_json_schema(tool.function.parameters, f"tools.{i}.function.parameters")
+    for i, message in enumerate(req.messages):
+        calls = message.get("tool_calls")
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str):
+                check_json_text(arguments, max_depth, f"messages[{i}].tool_calls[{j}].function.arguments",
+                                f"messages.{i}.tool_calls")
+
+
 async def _create(state: ServerState, req: ChatCompletionRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
     tool_choice = _tool_choice(req)
+    _check_json_fields(req, state.options.max_json_depth)
     forced = req.tools and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
     structured = structured_outputs(req, req.response_format,
                                     forced_tool_schema(req.tools, tool_choice, req.parallel_tool_calls is not False)
-                                    if forced else None)
+                                    if forced else None, max_json_depth=state.options.max_json_depth)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true.", "top_logprobs")
@@ -107,7 +125,7 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
 
         try:
             await run_jobs(state.llm, [job], on_delta)
-        except APIError:
+        except Exception:  # every failure counts, unexpected ones too
             state.metrics.record_error(ENDPOINT)
             raise
         job.report([final_reasons.get(c.index, c.finish_reason or "abort") for c in job.choices])

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from vx.outputs import RequestOutput
-from vx.serve.errors import APIError, bad_request
+from vx.serve.errors import bad_request
 from vx.serve.generation import EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import append_completion_logprobs
 from vx.serve.params import sampling_params, structured_outputs
@@ -28,7 +28,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, receive:
     start = now()
     try:
         return await _create(state, req, receive, start)
-    except APIError:
+    except Exception:  # every failure counts, unexpected ones too
         state.metrics.record_error(ENDPOINT)
         raise
 
@@ -41,7 +41,7 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
         raise bad_request("best_of is not supported (only best_of == n).", "best_of")
     texts, prompts = await in_thread(partial(_prompts, req.prompt, state.tokenizer, state.max_model_len),
                                      state.tokenize_limiter)
-    structured = structured_outputs(req, req.response_format, None)
+    structured = structured_outputs(req, req.response_format, None, max_json_depth=state.options.max_json_depth)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, structured=structured,
                              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
     rid, created = new_id("cmpl"), int(time.time())
@@ -70,7 +70,7 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
 
         try:
             await run_jobs(state.llm, jobs, on_delta)
-        except APIError:
+        except Exception:  # every failure counts, unexpected ones too
             state.metrics.record_error(ENDPOINT)
             raise
         for job in jobs:

@@ -1,12 +1,15 @@
 """Errors as OpenAI sends them: an HTTP status and `{"error": {"message", "type", "param", "code"}}`.
 
 Handlers raise `APIError`; the app's exception handlers (installed by `install_error_handlers`) turn it, and
-FastAPI's own validation and routing errors, into that shape, so every client sees one error format.
+FastAPI's own validation and routing errors, into that shape, so every client sees one error format. An
+unexpected error is logged with its traceback and a reference; the client gets the reference, never the
+error's class, message or file paths.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,32 +21,43 @@ from vx.serve.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 503: "service_unavailable", 500: "internal_error"}
+_TYPES = {503: "service_unavailable", 500: "internal_error"}  # every 4xx is an invalid_request_error
 
 
 class APIError(Exception):
     """An error to send to the client: `status` is the HTTP status, the rest fills the error body."""
 
     def __init__(self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
         self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_error")
+        self.headers = headers  # e.g. Retry-After, or Connection: close for a body left unread
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param, code=self.code))
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body().model_dump(), status_code=self.status)
+        return JSONResponse(self.body().model_dump(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     """A 400 for input the client can fix."""
     return APIError(message, 400, param=param)
+
+
+def unexpected_error(exc: BaseException, where: str) -> APIError:
+    """The answer to an error no check caught, logged with its traceback and a reference, which is all the
+    client learns (no class names, messages or paths): a 500, but a 400 for input nested too deeply for some
+    parser (the checks bound nesting; this is the net under them)."""
+    ref = uuid.uuid4().hex[:12]
+    logger.error("vx serve: unexpected error on %s (reference %s)", where, ref, exc_info=exc)
+    if isinstance(exc, RecursionError):
+        return bad_request(f"The request nests too deeply to be processed (reference {ref}).")
+    return APIError(f"Internal server error (reference {ref}; the server log has the details).", 500)
 
 
 def from_validation_error(exc: RequestValidationError) -> APIError:
@@ -86,6 +100,6 @@ def install_error_handlers(app: FastAPI, on_error: Any = None) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("vx serve: unexpected error on %s", request.url.path)
-        note(request, 500)
-        return APIError(f"Internal server error: {type(exc).__name__}: {exc}", 500).response()
+        err = unexpected_error(exc, request.url.path)
+        note(request, err.status)
+        return err.response()

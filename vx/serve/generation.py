@@ -14,10 +14,10 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import anyio
 
-from vx.errors import EngineDeadError, EngineGenerateError
+from vx.errors import EngineDeadError, EngineGenerateError, InvalidRequestError
 from vx.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vx.sampling_params import SamplingParams
-from vx.serve.errors import APIError, bad_request
+from vx.serve.errors import APIError, bad_request, unexpected_error
 from vx.serve.metrics import RequestTimer, ServerMetrics
 
 if sys.version_info < (3, 11):
@@ -89,15 +89,17 @@ class EngineJob:
                 self.finished = out.finished
                 if on_delta is not None:
                     await on_delta(self, out)
+        except InvalidRequestError as e:  # the engine refused the input (e.g. a grammar that does not compile)
+            raise bad_request(str(e), _param_of(str(e))) from None
         except ValueError as e:
             if not first:
-                raise  # not the input's fault: a 500
+                raise unexpected_error(e, self.request_id) from None  # not the input's fault
             # the prompt or the params, found when the request was submitted
             raise bad_request(str(e), _param_of(str(e))) from None
         except EngineDeadError as e:
-            raise APIError(f"The engine is not running: {e}", 503) from None
-        except EngineGenerateError as e:
-            raise APIError(str(e), 500) from None
+            raise APIError(f"The engine is not running: {e}", 503, code="engine_dead") from None
+        except EngineGenerateError as e:  # the engine failed this request alone: its log says why
+            raise unexpected_error(e, self.request_id) from None
         except anyio.get_cancelled_exc_class():  # the client went away: the request was aborted
             if not self.finished:
                 self.timer.finished(["abort"] * len(self.choices))

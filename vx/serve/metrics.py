@@ -1,7 +1,8 @@
 """Prometheus metrics of one server, in a registry of its own (no global state: two apps never mix counts).
 
 Counters and histograms are updated as requests run; the engine gauges (KV cache, prefix cache, queues) are
-read from `await llm.stats()` each time `/metrics` is scraped.
+read from `await llm.stats()` each time `/metrics` is scraped, and are NaN (unknown) when the engine does not
+answer, never a stale value.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class ServerMetrics:
                                     "(0 to 1).", registry=r)
         self.prefix_cache_hit_rate = Gauge("vx_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache "
                                            "over prompt tokens looked up, since start (0 to 1).", registry=r)
+        self.rejected = Counter("vx_rejected_requests", "HTTP requests refused before they ran, by reason "
+                                "(unauthorized, too_many_requests, too_large, body_timeout, invalid_json, "
+                                "shutting_down).", ["reason"], registry=r)
+        self.in_flight = Gauge("vx_requests_in_flight", "Generation requests being handled now (what "
+                               "--max-concurrent-requests limits).", registry=r)
 
     def record_error(self, endpoint: str) -> None:
         self.requests.labels(endpoint, "error").inc()
@@ -57,6 +63,12 @@ class ServerMetrics:
         self.kv_cache_usage.set(stats.kv_blocks_in_use / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
         queried = stats.prefix_cache_queried_tokens
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_tokens / queried if queried else 0.0)
+
+    def clear_engine(self) -> None:
+        """The engine did not answer: its gauges are unknown (NaN), not their last values."""
+        for gauge in (self.num_running, self.num_waiting, self.kv_blocks_total, self.kv_blocks_in_use,
+                      self.kv_cache_usage, self.prefix_cache_hit_rate):
+            gauge.set(float("nan"))
 
     def render(self) -> bytes:
         """The text exposition of every metric."""

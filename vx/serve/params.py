@@ -7,7 +7,9 @@ from typing import Any
 
 from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vx.serve.errors import bad_request
+from vx.serve.options import ServerOptions
 from vx.serve.protocol import ResponseFormat, SamplingFields
+from vx.serve.validation import check_json_schema, check_json_text
 
 MAX_LOGPROBS = 20
 """The most top logprobs a request may ask for per token (as OpenAI's `top_logprobs` limit)."""
@@ -43,45 +45,52 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
 
 
 def structured_outputs(req: SamplingFields, response_format: ResponseFormat | None,
-                       forced: StructuredOutputsParams | None = None,
-                       forced_by: str = "tool_choice") -> StructuredOutputsParams | None:
+                       forced: StructuredOutputsParams | None = None, forced_by: str = "tool_choice", *,
+                       max_json_depth: int = ServerOptions.max_json_depth) -> StructuredOutputsParams | None:
     """The one output constraint the request asks for: `response_format`, `structured_outputs` (vLLM's
-    extra), vLLM's older `guided_*` fields, or `forced` (a tool choice's schema). Two at once is a 400."""
+    extra), vLLM's older `guided_*` fields, or `forced` (a tool choice's schema). Two at once is a 400, and so
+    is a JSON schema that is invalid, has a `$ref` that resolves nowhere, or (given as text) nests deeper than
+    `max_json_depth`. Regexes and grammars are compiled by the engine, which refuses a bad one."""
     found: list[tuple[str, StructuredOutputsParams]] = []
     if forced is not None:
         found.append((forced_by, forced))
     if response_format is not None and response_format.type != "text":
-        found.append(("response_format", _from_response_format(response_format)))
+        found.append(("response_format", _from_response_format(response_format, max_json_depth)))
     if req.structured_outputs is not None:
-        found.append(("structured_outputs", _make(req.structured_outputs, "structured_outputs")))
+        found.append(("structured_outputs", _make(req.structured_outputs, "structured_outputs", max_json_depth)))
     guided = {k: v for k, v in (("json", req.guided_json), ("regex", req.guided_regex),
                                  ("choice", req.guided_choice), ("grammar", req.guided_grammar)) if v is not None}
     if guided:
-        found.append(("guided_" + next(iter(guided)), _make(guided, "guided_*")))
+        name = "guided_" + next(iter(guided))
+        found.append((name, _make(guided, name if len(guided) == 1 else "guided_*", max_json_depth)))
     if len(found) > 1:
         raise bad_request(f"Only one output constraint may be given; got {' and '.join(n for n, _ in found)}.",
                           found[1][0])
     return found[0][1] if found else None
 
 
-def _from_response_format(fmt: ResponseFormat) -> StructuredOutputsParams:
+def _from_response_format(fmt: ResponseFormat, max_json_depth: int) -> StructuredOutputsParams:
     if fmt.type == "json_object":
         return StructuredOutputsParams(json_object=True)
     if fmt.json_schema is None or fmt.json_schema.json_schema is None:
         raise bad_request("response_format of type 'json_schema' needs json_schema.schema.", "response_format")
-    return _make({"json": fmt.json_schema.json_schema}, "response_format")
+    return _make({"json": fmt.json_schema.json_schema}, "response_format", max_json_depth)
 
 
-def _make(spec: dict[str, Any], param: str) -> StructuredOutputsParams:
+def _make(spec: dict[str, Any], param: str, max_json_depth: int) -> StructuredOutputsParams:
     if "json" in spec and isinstance(spec["json"], str):
+        check_json_text(spec["json"], max_json_depth, "The JSON schema", param)
         try:
             spec = {**spec, "json": json.loads(spec["json"])}
         except json.JSONDecodeError as e:
             raise bad_request(f"The JSON schema is not valid JSON: {e}", param) from None
     try:
-        return StructuredOutputsParams(**spec)
+        params = StructuredOutputsParams(**spec)
     except (TypeError, ValueError) as e:
         raise bad_request(f"{param}: {e}", param) from None
+    if params.json is not None:
+        check_json_schema(params.json, param)
+    return params
 
 
 def _logit_bias(bias: dict[str, float]) -> dict[int, float]:

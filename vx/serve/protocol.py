@@ -129,9 +129,31 @@ class CompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
 
 
+# What the server accepts as a message (checked when the prompt is rendered), for the OpenAPI document only.
+_MESSAGE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["role"], "additionalProperties": True,
+    "properties": {
+        "role": {"type": "string", "minLength": 1},
+        "content": {"anyOf": [
+            {"type": "string"}, {"type": "null"},
+            {"type": "array", "items": {"anyOf": [
+                {"type": "string"},
+                {"type": "object", "required": ["type", "text"],
+                 "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}]}}]},
+        "tool_calls": {"type": "array", "items": {
+            "type": "object", "required": ["function"],
+            "properties": {"id": {"type": "string"}, "type": {"const": "function"}, "function": {
+                "type": "object", "required": ["name"],
+                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}},
+        "tool_call_id": {"type": "string"},
+        "name": {"type": "string"},
+    },
+}
+
+
 class ChatCompletionRequest(SamplingFields):
     # Messages stay plain dicts: chat templates read them as such, with whatever keys the client sent.
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1, json_schema_extra={"items": _MESSAGE_SCHEMA})
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False

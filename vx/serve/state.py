@@ -1,4 +1,5 @@
-"""What one server app holds: its engine, the names it serves the model under, its options and its metrics.
+"""What one server app holds: its engine, the names it serves the model under, its options, its running requests
+and its metrics.
 
 Kept on `app.state.vx`, so two apps in one process share nothing.
 """
@@ -12,9 +13,11 @@ from typing import Any
 import anyio
 
 from vx.serve.errors import APIError
+from vx.serve.inflight import InFlight
 from vx.serve.metrics import ServerMetrics
 from vx.serve.template_sandbox import TemplateSandbox
 from vx.serve.tokenize import new_tokenize_limiter
+from vx.serve.options import ServerOptions
 
 
 @dataclass
@@ -27,6 +30,8 @@ class ServerState:
     trust_request_chat_template: bool = False  # accept `chat_template` in a request (rendered in the sandbox)
     templates: TemplateSandbox = field(default_factory=TemplateSandbox)  # renders every chat template
     tokenize_limiter: anyio.CapacityLimiter = field(default_factory=new_tokenize_limiter)  # vx/serve/tokenize.py
+    options: ServerOptions = field(default_factory=ServerOptions)
+    inflight: InFlight = field(default_factory=InFlight)
 
     @property
     def tokenizer(self) -> Any:

@@ -7,16 +7,13 @@ message from `receive`, so each response listens for it beside the work.
 
 from __future__ import annotations
 
-import logging
 from typing import Awaitable, Callable, TypeVar
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from vx.serve.errors import APIError
-
-logger = logging.getLogger(__name__)
+from vx.serve.errors import APIError, unexpected_error
 
 T = TypeVar("T")
 Emit = Callable[[str], Awaitable[None]]
@@ -101,16 +98,10 @@ class EventStreamResponse(Response):
                 self.on_disconnect()
             return
         except Exception as e:  # noqa: BLE001 - every error reaches the client in OpenAI's shape
-            err = e if isinstance(e, APIError) else _internal(e)
+            err = e if isinstance(e, APIError) else unexpected_error(e, "a stream")
             if not started:
                 await err.response()(scope, receive, send)
                 return
             await emit(err.body().model_dump_json())
         await emit("[DONE]")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-def _internal(e: Exception) -> APIError:
-    logger.error("vx serve: error while streaming", exc_info=e)
-    return APIError(f"Internal server error: {type(e).__name__}: {e}", 500)
-

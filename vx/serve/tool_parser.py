@@ -136,12 +136,16 @@ def forced_tool_schema(tools: list[ToolDefinition], tool_choice: str | NamedTool
     if isinstance(tool_choice, NamedToolChoice):
         tool = _find(tools, tool_choice.function.name)
         return StructuredOutputsParams(json=_parameters(tool))
+    # Each tool's schema goes under `$defs`, its own `$ref`s ("#/...") rewritten to point where it now lies:
+    # placed inline, they would point into the combined schema instead.
+    defs = {f"tool_{i}": _relocated(_parameters(t), f"#/$defs/tool_{i}") for i, t in enumerate(tools)}
     variants = [{
         "type": "object",
-        "properties": {"name": {"type": "string", "enum": [t.function.name]}, "parameters": _parameters(t)},
+        "properties": {"name": {"type": "string", "enum": [t.function.name]},
+                       "parameters": {"$ref": f"#/$defs/tool_{i}"}},
         "required": ["name", "parameters"],
-    } for t in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}}
+    } for i, t in enumerate(tools)]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": variants}, "$defs": defs}
     if not parallel:
         schema["maxItems"] = 1
     return StructuredOutputsParams(json=schema)
@@ -178,3 +182,16 @@ def _find(tools: list[ToolDefinition], name: str) -> ToolDefinition:
 
 def _parameters(tool: ToolDefinition) -> dict[str, Any]:
     return tool.function.parameters or {"type": "object", "properties": {}}
+
+
+def _relocated(schema: Any, base: str) -> Any:
+    """A copy of `schema` whose `$ref`s to places inside it ("#/a/b") point below `base` ("<base>/a/b")."""
+    if isinstance(schema, list):
+        return [_relocated(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _relocated(value, base) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):  # a JSON pointer into the schema
+        out["$ref"] = base + ref[1:]
+    return out
