@@ -17,6 +17,7 @@ _EXPORTS = {
     "LLMEngine": "vx.client.llm_engine",
     "EngineArgs": "vx.config",
     "EngineDeadError": "vx.errors",
+    "EngineOverloadedError": "vx.errors",
     "InvalidRequestError": "vx.errors",
     "CompletionOutput": "vx.outputs",
     "EngineStats": "vx.outputs",
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from vx.client.llm_engine import LLMEngine
     from vx.config import EngineArgs
     from vx.model_source import DEFAULT_MODEL
-    from vx.errors import EngineDeadError, InvalidRequestError
+    from vx.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
     from vx.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
     from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 

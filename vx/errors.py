@@ -17,6 +17,11 @@ class EngineGenerateError(RuntimeError):
     """A single request failed inside the engine while the engine itself kept running."""
 
 
+class EngineOverloadedError(EngineGenerateError):
+    """The engine could not take the request now (every grammar compile thread stayed busy past the deadline):
+    not the request's fault, and the same request may well succeed when retried later."""
+
+
 class InvalidRequestError(EngineGenerateError, ValueError):
     """The engine refused the request because of its input (e.g. a grammar that does not compile, or exceeds the
     compile limits): a client error, like the `ValueError`s the front end raises before sending a request."""

@@ -397,3 +397,31 @@ def test_a_failing_matcher_fails_its_request_alone(tiny_model_dir):
     text = PreTrainedTokenizerFast.from_pretrained(tiny_model_dir).decode(tokens, skip_special_tokens=True)
     assert re.fullmatch(REGEX, text), text
     mgr.shutdown()
+
+
+def test_a_compile_that_cannot_start_in_time_is_an_overload_not_an_internal_error(tiny_model_dir):
+    """Every compile thread busy past the deadline (one worker, and as many abandoned compiles as the pool lets pile
+    up): the waiting request fails as overloaded (the caller may retry, and the server answers 503 with
+    Retry-After), not as its input's fault and not as an internal error."""
+    mgr = _manager(tiny_model_dir, compile_timeout_s=0.3, compile_workers=1)
+    release = threading.Event()
+    compile_fn = mgr._compile
+    slow_keys = {grammar_key(SO(regex="s+l+o+w")), grammar_key(SO(regex="w+o+l+s"))}
+    mgr._compile = lambda key: (key in slow_keys and release.wait(30), compile_fn(key))[1]
+    try:
+        mgr.add_request("slow-1", SO(regex="s+l+o+w"), [EOS])
+        mgr.add_request("slow-2", SO(regex="w+o+l+s"), [EOS])
+        mgr.add_request("queued", SO(regex=REGEX), [EOS])
+        errors = []
+        t0 = time.monotonic()
+        while not any(e.request_id == "queued" for e in errors):
+            assert time.monotonic() - t0 < 10 and mgr.is_ready("queued") is False
+            mgr.wait_for_compile(timeout=0.05)
+            errors += mgr.update()
+        queued = next(e for e in errors if e.request_id == "queued")
+        assert (queued.overloaded, queued.internal) == (True, False)
+        assert isinstance(queued.to_exception("q"), vx.EngineOverloadedError)
+        assert not isinstance(queued.to_exception("q"), ValueError)
+    finally:
+        release.set()
+        mgr.shutdown()

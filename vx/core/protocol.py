@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from vx.errors import EngineGenerateError, InvalidRequestError
+from vx.errors import EngineGenerateError, EngineOverloadedError, InvalidRequestError
 from vx.sampling_params import SamplingParams, check_token_ids
 
 
@@ -101,10 +101,15 @@ class InputError(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=Tr
     # False: the request's input is at fault (a client error: a grammar that does not compile, a value out of
     # range). True: the engine failed on this request alone (an internal error); the others went on.
     internal: bool = False
+    # True: the engine had no capacity for it in time (a busy grammar compile pool); a retry may succeed.
+    overloaded: bool = False
 
     def to_exception(self, request_id: str) -> EngineGenerateError:
         """What the application's call for this request raises (`request_id`: the application's id):
-        `InvalidRequestError` (a `ValueError`) when its input is at fault, else `EngineGenerateError`."""
+        `InvalidRequestError` (a `ValueError`) when its input is at fault, `EngineOverloadedError` when the engine
+        had no capacity for it in time, else `EngineGenerateError`."""
+        if self.overloaded:
+            return EngineOverloadedError(f"The engine is too busy for request {request_id!r} now: {self.message}")
         if self.internal:
             return EngineGenerateError(f"Request {request_id!r} failed in the engine: {self.message}")
         return InvalidRequestError(f"The engine refused request {request_id!r}: {self.message}")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from vx.config import ModelConfig, StructuredOutputsConfig
-from vx.core.compile_pool import CompilePool, CompileTimeoutError
+from vx.core.compile_pool import CompilePool, CompileQueueTimeoutError, CompileTimeoutError
 from vx.core.protocol import InputError
 from vx.sampling_params import StructuredOutputsParams
 
@@ -306,6 +306,8 @@ def _compile_failure(request_id: str, kind: str, error: BaseException) -> InputE
     if isinstance(error, CompileTimeoutError):
         return InputError(message=f"structured_outputs.{kind} is too costly to compile: {error} (the engine's "
                           "grammar_compile_timeout_s)", request_id=request_id)
+    if isinstance(error, CompileQueueTimeoutError):
+        return InputError(message=f"structured output: {error}", request_id=request_id, overloaded=True)
     return InputError(message=f"structured output failed: {type(error).__name__}: {error}", request_id=request_id,
                       internal=True)
 

@@ -15,11 +15,12 @@ from starlette.types import Receive
 
 from vx.client.chat import chat_sampling_params
 from vx.outputs import CompletionOutput, RequestOutput
+from vx.sampling_params import MAX_LOGPROBS
 from vx.serve.chat_prompt import chat_prompt_ids
 from vx.serve.errors import bad_request
 from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import chat_logprobs
-from vx.serve.params import MAX_LOGPROBS, sampling_params, structured_outputs
+from vx.serve.params import sampling_params, structured_outputs
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import anyio
 
-from vx.errors import EngineDeadError, EngineGenerateError, InvalidRequestError
+from vx.errors import EngineDeadError, EngineGenerateError, EngineOverloadedError, InvalidRequestError
 from vx.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from vx.sampling_params import SamplingParams
 from vx.serve.errors import APIError, bad_request, unexpected_error
@@ -98,6 +98,8 @@ class EngineJob:
             raise bad_request(str(e), _param_of(str(e))) from None
         except EngineDeadError as e:
             raise APIError(f"The engine is not running: {e}", 503, code="engine_dead") from None
+        except EngineOverloadedError as e:  # no capacity in time (a busy compile pool): the client may retry
+            raise APIError(str(e), 503, code="overloaded", headers={"Retry-After": "1"}) from None
         except EngineGenerateError as e:  # the engine failed this request alone: its log says why
             raise unexpected_error(e, self.request_id) from None
         except anyio.get_cancelled_exc_class():  # the client went away: the request was aborted

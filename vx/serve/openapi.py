@@ -30,7 +30,8 @@ _WHY = {
     408: "The request body did not arrive within the body timeout (`code: request_timeout`).",
     413: "The request body is larger than the server's limit (`code: request_too_large`).",
     429: "The server is handling its limit of concurrent requests; see `Retry-After` (`code: too_many_requests`).",
-    503: "The engine is not running (`code: engine_dead`), or the server is shutting down (`code: shutting_down`).",
+    503: "The engine is not running (`code: engine_dead`), the server is shutting down (`code: shutting_down`), or "
+         "the engine had no capacity for the request in time (`code: overloaded`, with `Retry-After`).",
 }
 
 

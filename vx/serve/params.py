@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from vx.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 from vx.serve.errors import bad_request
 from vx.serve.options import ServerOptions
 from vx.serve.protocol import ResponseFormat, SamplingFields
 from vx.serve.validation import check_json_schema, check_json_text
-
-MAX_LOGPROBS = 20
-"""The most top logprobs a request may ask for per token (as OpenAI's `top_logprobs` limit)."""
 
 # SamplingParams' fields that take a request field of the same name as is, when the client set it.
 _PASSTHROUGH = ("n", "temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
