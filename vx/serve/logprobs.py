@@ -13,6 +13,14 @@ from vx.serve.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
 
 Positions = Sequence[dict[int, Logprob] | None]
 
+# JSON has no -inf: a token masked out (by a grammar, a logit bias, a bad word) gets this stand-in, as vLLM sends.
+LOGPROB_FLOOR = -9999.0
+
+
+def _json_logprob(logprob: float) -> float:
+    """`logprob` as a JSON number: -inf (and NaN, which should not occur) become LOGPROB_FLOOR."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
 
 def _token_text(tokenizer: Any, token_id: int, lp: Logprob | None) -> str:
     if lp is not None and lp.decoded_token is not None:
@@ -29,8 +37,8 @@ def append_completion_logprobs(out: CompletionLogprobs, tokenizer: Any, token_id
         chosen = pos.get(tid) if pos else None
         text = _token_text(tokenizer, tid, chosen)
         out.tokens.append(text)
-        out.token_logprobs.append(chosen.logprob if chosen is not None else None)
-        out.top_logprobs.append({_token_text(tokenizer, t, lp): lp.logprob for t, lp in _by_rank(pos)}
+        out.token_logprobs.append(_json_logprob(chosen.logprob) if chosen is not None else None)
+        out.top_logprobs.append({_token_text(tokenizer, t, lp): _json_logprob(lp.logprob) for t, lp in _by_rank(pos)}
                                 if pos else None)
         out.text_offset.append(offset)
         offset += len(text)
@@ -47,14 +55,15 @@ def chat_logprobs(tokenizer: Any, token_ids: Sequence[int], positions: Positions
         text = _token_text(tokenizer, tid, chosen)
         top = [_top(tokenizer, t, lp) for t, lp in _by_rank(pos)[:top_n]] if pos and top_n else []
         # A token the engine gave no logprob for (it should not happen) gets -inf's JSON stand-in.
-        entries.append(TokenLogprob(token=text, logprob=chosen.logprob if chosen is not None else -9999.0,
+        entries.append(TokenLogprob(token=text, logprob=_json_logprob(chosen.logprob if chosen is not None
+                                                                       else float("-inf")),
                                     bytes=list(text.encode("utf-8")), top_logprobs=top))
     return entries
 
 
 def _top(tokenizer: Any, token_id: int, lp: Logprob) -> TopLogprob:
     text = _token_text(tokenizer, token_id, lp)
-    return TopLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode("utf-8")))
+    return TopLogprob(token=text, logprob=_json_logprob(lp.logprob), bytes=list(text.encode("utf-8")))
 
 
 def _by_rank(pos: dict[int, Logprob] | None) -> list[tuple[int, Logprob]]:
