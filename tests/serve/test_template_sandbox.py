@@ -165,3 +165,15 @@ async def test_request_templates_leave_a_renderer_to_the_servers_own(anyio_backe
         assert trusted_took[0] < 0.5
     finally:
         await sb.aclose()
+
+
+async def test_a_message_value_the_renderer_cannot_take_is_a_render_error(anyio_backend):
+    """An int past 64 bits in a message (valid JSON, found by the schema fuzzer) cannot cross to a renderer: it is a
+    TemplateRenderError (a 400 in the server), not an OverflowError (a 500)."""
+    sandbox = TemplateSandbox(TemplateLimits(timeout_s=5.0, workers=1))
+    try:
+        with pytest.raises(TemplateRenderError, match="cannot be given"):
+            await sandbox.render("{{ messages }}", [{"role": "user", "content": "hi", "x": -(2**63) - 1}], tools=None,
+                                 add_generation_prompt=True, variables={}, trusted=True)
+    finally:
+        await sandbox.aclose()

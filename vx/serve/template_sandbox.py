@@ -113,8 +113,12 @@ class TemplateSandbox:
 
         `variables` are the tokenizer's special tokens; `trusted` is False for a template the request brought.
         """
-        body = self._encoder.encode(RenderRequest(template=template, messages=messages, tools=tools,
-                                                  add_generation_prompt=add_generation_prompt, variables=variables))
+        try:
+            body = self._encoder.encode(RenderRequest(template=template, messages=messages, tools=tools,
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      variables=variables))
+        except (OverflowError, TypeError, msgspec.EncodeError) as e:  # e.g. an int past 64 bits in a message
+            raise TemplateRenderError(f"The messages hold a value the chat template cannot be given: {e}") from None
         async with self._slot(trusted):
             worker = self._idle.pop() if self._idle else await self._start()
             reusable = False
