@@ -289,13 +289,5 @@ class Scheduler:
     def _fail(self, error: InputError) -> None:
         """End the request `error` names (waiting or running; gone already: nothing to do) and free its blocks;
         its caller hears why with the next outputs."""
-        req = self.requests.get(error.request_id)
-        if req is None:
-            return
-        if req.status == RequestStatus.RUNNING:
-            self.running.remove(req)
-        else:
-            self.waiting.remove(req)
-        req.status = RequestStatus.FINISHED_ABORTED
-        self._free(req)
-        self._errors.append(error)
+        if self.finish_requests([error.request_id], RequestStatus.FINISHED_ABORTED):
+            self._errors.append(error)
