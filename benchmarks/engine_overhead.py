@@ -68,7 +68,7 @@ def build_engine_parts(num_running: int, prompt_len: tuple[int, int], steps: int
 
 def fake_runner(so: Any) -> Any:
     """The no-op model: token 7 for every request that reached the end of its known tokens."""
-    from vx.core.scheduler_output import ModelRunnerOutput
+    from vx.step import ModelRunnerOutput
 
     ids = [sr.req_id for sr in so.scheduled if sr.samples]
     return ModelRunnerOutput(ids, [7] * len(ids))

@@ -8,7 +8,7 @@ from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
-from vx.core.scheduler_output import ModelRunnerOutput
+from vx.step import ModelRunnerOutput
 from vx.sampling_params import SamplingParams
 
 

@@ -18,7 +18,7 @@ from vx.cache import KVCacheManager
 from vx.config import CacheConfig, ModelConfig, SchedulerConfig, StructuredOutputsConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
-from vx.core.scheduler_output import ModelRunnerOutput
+from vx.step import ModelRunnerOutput
 from vx.core.structured_output import StructuredOutputManager, grammar_key
 from vx.errors import EngineGenerateError, InvalidRequestError
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask

@@ -11,7 +11,8 @@ from typing import Any, Iterable
 
 from vx.client.detokenizer import IncrementalDetokenizer
 from vx.client.parallel_sampling import ParentRequest
-from vx.core.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason, TokenLogprobs
+from vx.core.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
+from vx.step import TokenLogprobs
 from vx.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from vx.sampling_params import RequestOutputKind, SamplingParams
 

@@ -25,7 +25,7 @@ import zmq
 
 from vx.cache import KVCacheManager
 from vx.config import EngineArgs, VxConfig
-from vx.core.executor import Executor, UniProcExecutor
+from vx.executor import Executor, UniProcExecutor
 from vx.core.protocol import (
     EngineCoreOutputs,
     EngineCoreReady,

@@ -9,6 +9,7 @@ import msgspec
 
 from vx.errors import EngineGenerateError, EngineOverloadedError, InvalidRequestError
 from vx.sampling_params import SamplingParams, check_token_ids
+from vx.step import TokenLogprobs
 
 
 class FinishReason(enum.IntEnum):
@@ -47,32 +48,6 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
         for word in self.bad_words_token_ids or ():
             check_token_ids("bad_words token", word, vocab_size)
         self.sampling_params.verify_for_model(vocab_size)
-
-
-class TokenLogprobs(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
-    """Logprobs at consecutive positions: per position, the chosen (or prompt) token first, then the top-k.
-
-    Raw: the log-softmax of the model's logits, before penalties, temperature or any other processing (as vLLM's
-    default). `ranks[j]` is the chosen token's rank at position j (1 = most likely).
-    """
-
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    ranks: list[int]
-
-    def __len__(self) -> int:
-        return len(self.ranks)
-
-    def slice(self, start: int, stop: int | None = None) -> "TokenLogprobs":
-        """The positions [start, stop)."""
-        return TokenLogprobs(token_ids=self.token_ids[start:stop], logprobs=self.logprobs[start:stop],
-                             ranks=self.ranks[start:stop])
-
-    def extend(self, other: "TokenLogprobs") -> None:
-        """Append `other`'s positions."""
-        self.token_ids.extend(other.token_ids)
-        self.logprobs.extend(other.logprobs)
-        self.ranks.extend(other.ranks)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):

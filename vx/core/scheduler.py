@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Iterable
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
-from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs, InputError, TokenLogprobs
+from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs, InputError
 from vx.core.request import Request, RequestStatus
 from vx.core.request_queue import make_request_queue
-from vx.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from vx.step import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs
 
 if TYPE_CHECKING:
     from vx.core.structured_output import StructuredOutputManager

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from vx.core.scheduler_output import SchedulerOutput
 from vx.gpu.sampling_metadata import make_generator
 from vx.sampling_params import SamplingParams
+from vx.step import SchedulerOutput
 
 
 @dataclass

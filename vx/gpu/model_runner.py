@@ -8,8 +8,6 @@ import numpy as np
 import torch
 
 from vx.config import VxConfig
-from vx.core.protocol import TokenLogprobs
-from vx.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
@@ -19,6 +17,7 @@ from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
 from vx.models.loader import DefaultModelLoader
 from vx.platform import torch_dtype
+from vx.step import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 
 logger = logging.getLogger(__name__)
 

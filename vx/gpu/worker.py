@@ -8,8 +8,8 @@ import psutil
 import torch
 
 from vx.config import VxConfig
-from vx.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from vx.gpu.model_runner import ModelRunner
+from vx.step import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

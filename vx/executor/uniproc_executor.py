@@ -1,30 +1,10 @@
-"""Executors run workers: UniProcExecutor calls one Worker in the engine's own process."""
+"""UniProcExecutor: one Worker in the engine's own process, called directly."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 from vx.config import VxConfig
-from vx.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-
-
-class Executor(ABC):
-    """The engine core's handle on the workers that hold the model."""
-
-    def __init__(self, config: VxConfig) -> None:
-        self.config = config
-
-    @abstractmethod
-    def determine_num_kv_blocks(self) -> int: ...
-
-    @abstractmethod
-    def initialize_kv_cache(self, num_blocks: int) -> None: ...
-
-    @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook
-        pass
+from vx.executor.abstract import Executor
+from vx.step import ModelRunnerOutput, SchedulerOutput
 
 
 class UniProcExecutor(Executor):
