@@ -1,13 +1,19 @@
 """vx/config.py: the model facts read from a Hugging Face config and model-directory JSON files; the
-request-isolation limits (max_n_sequences, grammar compile limits), validated and landing in one config place each."""
+request-isolation limits (max_n_sequences, grammar compile limits), validated and landing in one config place each;
+the config crossing whole to the engine process."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
+from typing import Any
 
+import msgspec
+import msgspec.inspect
 import pytest
 
-from vx.config import EngineArgs, ModelConfig, default_grammar_compile_workers, hf_head_dim, hf_num_kv_heads, read_json
+from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, default_grammar_compile_workers,
+                       encode_config, hf_head_dim, hf_num_kv_heads, read_json)
 
 
 @pytest.mark.parametrize("fields,kv_heads,head_dim", [
@@ -65,3 +71,67 @@ def test_defaults(tiny_model_dir):
                                                                                           10.0)
     # At least two compiles run at once, so that one slow compile never holds up the others.
     assert so.compile_workers == default_grammar_compile_workers() >= 2
+
+
+# ------------------------------------------------------------------------------- the config the engine receives
+def _changed(value: Any, t: msgspec.inspect.Type, path: str) -> Any:
+    """A value of type `t` that differs from `value` (a whole new Struct for a Struct type, field by field)."""
+    if isinstance(t, msgspec.inspect.StructType):
+        return t.cls(**{f.name: _changed(getattr(value, f.name), f.type, f"{path}.{f.name}")
+                        for f in t.fields})
+    if isinstance(t, msgspec.inspect.UnionType):
+        (inner,) = [u for u in t.types if not isinstance(u, msgspec.inspect.NoneType)]
+        return _changed(value, inner, path) if value is not None else _an_example(inner, path)
+    if isinstance(t, msgspec.inspect.BoolType):
+        return not value
+    if isinstance(t, msgspec.inspect.IntType):
+        return value + 3
+    if isinstance(t, msgspec.inspect.FloatType):
+        return value + 0.25
+    if isinstance(t, msgspec.inspect.StrType):
+        return value + "-changed"
+    if isinstance(t, msgspec.inspect.ListType):
+        return [*value, _an_example(t.item_type, path)]
+    if path == "config.model_config.hf_config":  # typed Any: the model's transformers config, one value changed
+        changed = copy.deepcopy(value)
+        changed.rms_norm_eps = 0.125
+        return changed
+    raise AssertionError(f"{path}: no changed value for a {t}; teach this test the new field's type")
+
+
+def _an_example(t: msgspec.inspect.Type, path: str) -> Any:
+    examples = {msgspec.inspect.IntType: 17, msgspec.inspect.FloatType: 0.75, msgspec.inspect.StrType: "x"}
+    if type(t) not in examples:
+        raise AssertionError(f"{path}: no example of a {t}; teach this test the new field's type")
+    return examples[type(t)]
+
+
+def _leaves(value: Any, path: str = "config") -> dict[str, Any]:
+    if isinstance(value, msgspec.Struct):
+        return {k: v for f in msgspec.structs.fields(value) for k, v in _leaves(getattr(value, f.name),
+                                                                                  f"{path}.{f.name}").items()}
+    return {path: value}
+
+
+def test_every_config_field_reaches_the_engine_process_as_sent(tiny_model_dir):
+    """The engine process gets the front end's `VxConfig` whole (`encode_config` in the spawn args, `decode_config`
+    in `run_engine_core_proc`): every field of every part, each set here to a value that is not the default (the
+    fields are read from the Structs, so a new one is covered as soon as it exists), comes back equal."""
+    config = EngineArgs(model=tiny_model_dir, device="cpu").create_config()
+    sent = _changed(config, msgspec.inspect.type_info(VxConfig), "config")
+    before, after = _leaves(config), _leaves(sent)
+    assert before.keys() == after.keys()
+    assert [k for k in before if before[k] == after[k]] == []  # every field differs from what create_config made
+    received = decode_config(encode_config(sent))
+    assert _leaves(received) == after
+    assert received == sent
+    hf = received.model_config.hf_config
+    assert type(hf) is type(config.model_config.hf_config) and hf.to_dict() == sent.model_config.hf_config.to_dict()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_the_front_ends_light_config_is_what_the_engine_would_resolve(tiny_model_dirs, family):
+    """`AsyncLLM` resolves the config from config.json as plain JSON (no transformers, no torch); the engine uses
+    it as sent, so it must be the config that the full resolution (through transformers) gives."""
+    args = EngineArgs(model=tiny_model_dirs[family], device="cpu", max_num_seqs=3)
+    assert decode_config(encode_config(args.create_config(light=True))) == args.create_config()

@@ -1,12 +1,18 @@
-"""Engine configuration: flat user-facing `EngineArgs`, validated into a structured `VxConfig`."""
+"""Engine configuration: flat user-facing `EngineArgs`, validated into a structured `VxConfig`.
+
+`VxConfig` and its parts are msgspec Structs: the front end resolves the config once and sends it whole to the
+engine process (`encode_config` / `decode_config`), which uses it as it arrives.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
@@ -18,13 +24,14 @@ _SCHEDULING_POLICIES = ("fcfs", "priority")
 DEFAULT_MAX_N_SEQUENCES = 128  # OpenAI's own limit on `n`
 
 
-@dataclass
-class ModelConfig:
+class ModelConfig(msgspec.Struct, kw_only=True):
     """Which model to run and how its numbers are stored."""
 
     model: str
     tokenizer: str
-    hf_config: Any  # transformers.PretrainedConfig
+    # A transformers config; a `RawHFConfig` (config.json as read) in a front end that must not import torch.
+    # It crosses to the engine process as its dict and arrives as the transformers config (`decode_config`).
+    hf_config: Any
     architecture: str
     dtype: str  # resolved: float32 | bfloat16 | float16
     max_model_len: int
@@ -56,8 +63,7 @@ def hf_head_dim(hf_config: Any) -> int:
     return int(hd) if hd else int(hf_config.hidden_size // hf_config.num_attention_heads)
 
 
-@dataclass
-class CacheConfig:
+class CacheConfig(msgspec.Struct, kw_only=True):
     """Paged KV cache: block size, how many blocks (or a memory budget), prefix caching."""
 
     block_size: int = 16
@@ -67,8 +73,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
 
 
-@dataclass
-class SchedulerConfig:
+class SchedulerConfig(msgspec.Struct, kw_only=True):
     """Continuous-batching limits per step."""
 
     max_num_seqs: int = 256
@@ -80,8 +85,7 @@ class SchedulerConfig:
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
 
 
-@dataclass
-class DeviceConfig:
+class DeviceConfig(msgspec.Struct, kw_only=True):
     """Where the model runs and which attention backend computes it."""
 
     device: str = "cpu"  # resolved: cpu | cuda
@@ -89,8 +93,7 @@ class DeviceConfig:
     enforce_eager: bool = False
 
 
-@dataclass
-class StructuredOutputsConfig:
+class StructuredOutputsConfig(msgspec.Struct, kw_only=True):
     """Limits on compiling structured-output grammars (in the engine process)."""
 
     cache_memory_bytes: int = 256 * 2**20  # compiled grammars kept for reuse, by xgrammar's memory_size_bytes
@@ -99,23 +102,24 @@ class StructuredOutputsConfig:
     compile_workers: int = 2  # compiles that run at once
 
 
-@dataclass
-class ParallelConfig:
+class ParallelConfig(msgspec.Struct, kw_only=True):
     """Tensor parallelism (only 1 is supported for now)."""
 
     tensor_parallel_size: int = 1
 
 
-@dataclass
-class VxConfig:
+class VxConfig(msgspec.Struct, kw_only=True):
     """Everything the engine needs, checked and resolved."""
 
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     device_config: DeviceConfig
-    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
-    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    parallel_config: ParallelConfig = msgspec.field(default_factory=ParallelConfig)
+    structured_outputs_config: StructuredOutputsConfig = msgspec.field(default_factory=StructuredOutputsConfig)
+
+
+_STRUCTURED_DEFAULTS = StructuredOutputsConfig()
 
 
 @dataclass
@@ -141,9 +145,9 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     seed: int = 0
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
-    grammar_cache_memory_bytes: int = StructuredOutputsConfig.cache_memory_bytes
-    max_grammar_memory_bytes: int = StructuredOutputsConfig.max_grammar_memory_bytes
-    grammar_compile_timeout_s: float = StructuredOutputsConfig.compile_timeout_s
+    grammar_cache_memory_bytes: int = _STRUCTURED_DEFAULTS.cache_memory_bytes
+    max_grammar_memory_bytes: int = _STRUCTURED_DEFAULTS.max_grammar_memory_bytes
+    grammar_compile_timeout_s: float = _STRUCTURED_DEFAULTS.compile_timeout_s
     grammar_compile_workers: int | None = None  # None: max(2, min(4, cores // 2))
 
     @classmethod
@@ -244,7 +248,9 @@ class EngineArgs:
             compile_timeout_s=float(self.grammar_compile_timeout_s),
             compile_workers=self.grammar_compile_workers or default_grammar_compile_workers(),
         )
-        return VxConfig(model_config, cache, sched, dev, ParallelConfig(self.tensor_parallel_size), structured)
+        return VxConfig(model_config=model_config, cache_config=cache, scheduler_config=sched, device_config=dev,
+                        parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+                        structured_outputs_config=structured)
 
     def _check_scalars(self) -> None:
         if self.dtype not in _DTYPES:
@@ -319,6 +325,39 @@ class RawHFConfig(dict):
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self)
+
+
+def encode_config(config: VxConfig) -> bytes:
+    """`config` whole, as msgpack: what the engine process receives (the HF config goes as its dict)."""
+    mc = config.model_config
+    if mc.hf_config is not None:  # its own form, `to_dict()`: msgspec would take a transformers config apart
+        config = msgspec.structs.replace(config, model_config=msgspec.structs.replace(
+            mc, hf_config=mc.hf_config.to_dict()))
+    return msgspec.msgpack.encode(config)
+
+
+def decode_config(data: bytes) -> VxConfig:
+    """The `VxConfig` of `encode_config`, every field as it was sent; the HF config becomes a transformers config
+    again (imports transformers, hence torch: call it where the model runs)."""
+    config = msgspec.msgpack.decode(data, type=VxConfig)
+    mc = config.model_config
+    if mc.hf_config is not None:
+        mc.hf_config = hf_config_from_dict(mc.hf_config, mc.model)
+    return config
+
+
+def hf_config_from_dict(data: dict[str, Any], model_path: str) -> Any:
+    """The transformers config of a config.json dict (or of a transformers config's `to_dict()`): what
+    `AutoConfig.from_pretrained` builds from the file."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"Could not read the model config in {model_path!r}: unknown model_type {model_type!r}.")
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(data)
+    except Exception as e:  # transformers raises many kinds here
+        raise ValueError(f"Could not read the model config in {model_path!r}: {e}") from e
 
 
 def _read_hf_config_json(path: str) -> RawHFConfig:

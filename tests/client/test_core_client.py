@@ -1,10 +1,9 @@
-"""The multiprocess engine-core clients: AsyncMPClient on asyncio and trio, the thread-safe send path, and the
-EngineArgs round trip that lets `LLMEngine` hand a VxConfig to `SyncMPClient`."""
+"""The multiprocess engine-core clients: AsyncMPClient on asyncio and trio, and the thread-safe send path. (The
+config they send to the engine process is tested in tests/test_config.py.)"""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import signal
 import threading
@@ -19,7 +18,7 @@ from async_helpers import ENGINE_KWARGS, child_pids, process_gone
 
 import vx
 from vx.client.core_client import AsyncMPClient
-from vx.client.engine_process import EngineProcess, engine_args_from_config
+from vx.client.engine_process import EngineProcess
 from vx.config import EngineArgs
 from vx.core.protocol import EngineCoreRequest
 from vx.core.protocol import EngineCoreRequestType as T
@@ -34,7 +33,8 @@ def anyio_backend(request):
 
 @pytest.fixture(scope="module")
 async def client(anyio_backend, tiny_model_dir):
-    c = await anyio.to_thread.run_sync(AsyncMPClient, EngineArgs(model=tiny_model_dir, **ENGINE_KWARGS))
+    config = EngineArgs(model=tiny_model_dir, **ENGINE_KWARGS).create_config(light=True)
+    c = await anyio.to_thread.run_sync(AsyncMPClient, config)
     yield c
     await anyio.to_thread.run_sync(c.shutdown)
 
@@ -74,19 +74,6 @@ async def wait_for(predicate, timeout: float = 10.0) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ no engine
-def test_engine_args_round_trip(tiny_model_dir):
-    config = EngineArgs(model=tiny_model_dir, dtype="float32", device="cpu", block_size=8, max_num_seqs=5,
-                        num_kv_blocks=100, max_model_len=64, enable_prefix_caching=False,
-                        scheduling_policy="priority", max_n_sequences=7, grammar_cache_memory_bytes=12345,
-                        max_grammar_memory_bytes=2345, grammar_compile_timeout_s=1.5,
-                        grammar_compile_workers=3).create_config()
-    again = engine_args_from_config(config).create_config()
-    for name in ("cache_config", "scheduler_config", "device_config", "parallel_config", "structured_outputs_config"):
-        assert getattr(again, name) == getattr(config, name)
-    strip = lambda mc: {k: v for k, v in dataclasses.asdict(mc).items() if k != "hf_config"}  # noqa: E731
-    assert strip(again.model_config) == strip(config.model_config)
-
-
 def test_send_is_thread_safe_and_survives_reentry():
     """A send while the lock is taken (another thread, or a finalizer in the holder's own thread) is queued
     and flushed by the holder, in order."""

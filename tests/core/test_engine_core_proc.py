@@ -31,7 +31,7 @@ GREEDY = vx.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    ep = EngineProcess(EngineArgs(model=tiny_model_dir, **ENGINE_KWARGS))
+    ep = EngineProcess(EngineArgs(model=tiny_model_dir, **ENGINE_KWARGS).create_config())
     yield ep
     ep.close()
 
@@ -222,9 +222,10 @@ _PARENT = textwrap.dedent("""
     from vx.config import EngineArgs
 
     tempfile.tempdir = sys.argv[2]  # the ipc dir goes where the test can look for it
-    args = EngineArgs(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=128)
+    config = EngineArgs(model=sys.argv[1], dtype="float32", device="cpu", num_kv_blocks=64,
+                        max_model_len=128).create_config(light=True)
     holder = []  # keeps the EngineProcess alive: dropping it would stop the engine
-    threading.Thread(target=lambda: holder.append(EngineProcess(args)), daemon=True).start()
+    threading.Thread(target=lambda: holder.append(EngineProcess(config)), daemon=True).start()
     me = psutil.Process()
     while True:  # wait until the engine runs its own code (its parent watchdog is its first thread)
         engines = [c for c in me.children() if "resource_tracker" not in " ".join(c.cmdline())]
@@ -246,14 +247,13 @@ def test_start_up_failure_comes_back_through_the_handshake(tiny_model_dir, tmp_p
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model_dir, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    args = EngineArgs(model=str(broken), **ENGINE_KWARGS)
-    args.create_config()  # fine here: only the engine process finds out
+    config = EngineArgs(model=str(broken), **ENGINE_KWARGS).create_config()  # fine here: only the engine finds out
     ipc_root = tmp_path / "ipc"
     ipc_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(ipc_root))  # where the engine's ipc dir is made
     before = child_pids()
     with pytest.raises(vx.EngineDeadError, match="failed to start") as info:
-        EngineProcess(args)
+        EngineProcess(config)
     assert "Traceback" in str(info.value.__cause__)
     assert child_pids() <= before
     assert os.listdir(ipc_root) == []

@@ -97,19 +97,15 @@ class AsyncLLM:
 
         from vx.model_source import resolve_model
 
-        # Convert a GGUF model first (once), so that the engine finds it ready; then let the engine boot
-        # (importing torch, loading weights) while this process loads the config and tokenizer.
+        # Convert a GGUF model first (once), so that the engine finds it ready. The config is resolved here (from
+        # config.json as plain JSON: transformers would import torch) and goes to the engine whole; the tokenizer
+        # loads while the engine boots (importing torch, loading weights).
         model_path = resolve_model(self.engine_args.model)
-        args = dataclasses.replace(self.engine_args, model=model_path)
-        client = AsyncMPClient(args, wait=False)
+        config = dataclasses.replace(self.engine_args, model=model_path).create_config(light=True)
+        client = AsyncMPClient(config, wait=False)
         try:
-            config = args.create_config(light=True)  # no transformers config here: it would import torch
             self.tokenizer = load_tokenizer(config.model_config.tokenizer)
-            ready = client.engine.wait_ready()
-            # The engine read the full config: its limits are the ones that hold.
-            config.model_config.max_model_len = ready.max_model_len or config.model_config.max_model_len
-            config.model_config.vocab_size = ready.vocab_size or config.model_config.vocab_size
-            config.scheduler_config.max_model_len = config.model_config.max_model_len
+            client.engine.wait_ready()
             self.config = config
             self.processor = Processor(config.model_config, self.tokenizer,
                                        config.scheduler_config.max_n_sequences)

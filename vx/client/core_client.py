@@ -17,8 +17,8 @@ import anyio
 import msgspec
 import zmq
 
-from vx.client.engine_process import DEATH_GRACE_S, EngineProcess, engine_args_from_config
-from vx.config import EngineArgs, VxConfig
+from vx.client.engine_process import DEATH_GRACE_S, EngineProcess
+from vx.config import VxConfig
 from vx.core.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -73,10 +73,6 @@ class InprocClient(EngineCoreClient):
         self.engine_core.shutdown()
 
 
-def _engine_args(config: VxConfig | EngineArgs) -> EngineArgs:
-    return config if isinstance(config, EngineArgs) else engine_args_from_config(config)
-
-
 def _utility_result(out: UtilityOutput, method: str) -> Any:
     if out.error is not None:
         raise RuntimeError(f"Engine utility call {method!r} failed: {out.error}")
@@ -86,12 +82,11 @@ def _utility_result(out: UtilityOutput, method: str) -> Any:
 class SyncMPClient(EngineCoreClient):
     """The engine in a background process, for synchronous callers: `get_output()` blocks for the next output.
 
-    Accepts a `VxConfig` (as `LLMEngine` passes) or `EngineArgs`; the engine process rebuilds the config from
-    plain `EngineArgs`. Any call raises `EngineDeadError` once the engine has died.
+    The engine process runs with `config` as it is. Any call raises `EngineDeadError` once the engine has died.
     """
 
-    def __init__(self, config: VxConfig | EngineArgs) -> None:
-        self.engine = EngineProcess(_engine_args(config))
+    def __init__(self, config: VxConfig) -> None:
+        self.engine = EngineProcess(config)
         self._outputs: collections.deque[EngineCoreOutputs] = collections.deque()
         self._call_ids = itertools.count()
         self._poller = zmq.Poller()
@@ -166,8 +161,8 @@ class AsyncMPClient(EngineCoreClient):
     and never block; `abort_requests` works from any thread, finalizers included.
     """
 
-    def __init__(self, config: VxConfig | EngineArgs, wait: bool = True) -> None:
-        self.engine = EngineProcess(_engine_args(config), wait=wait)  # wait=False: call engine.wait_ready()
+    def __init__(self, config: VxConfig, wait: bool = True) -> None:
+        self.engine = EngineProcess(config, wait=wait)  # wait=False: call engine.wait_ready()
         self._call_ids = itertools.count()
         self._utility_waiters: dict[int, list[Any]] = {}  # call_id -> [event, UtilityOutput | None]
         self._reader_scope: anyio.CancelScope | None = None

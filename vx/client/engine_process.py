@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from vx.config import EngineArgs, VxConfig
+from vx.config import VxConfig, encode_config
 from vx.core.engine_core import run_engine_core_proc
 from vx.core.protocol import EngineCoreOutputs, EngineCoreReady, EngineCoreRequestType, OutputDecoder, encode_input
 from vx.errors import EngineDeadError
@@ -37,24 +37,6 @@ class EngineCoreError(RuntimeError):
     """The error the engine process reported before it exited; the text ends with the engine's traceback."""
 
 
-def engine_args_from_config(config: VxConfig) -> EngineArgs:
-    """The `EngineArgs` that rebuild `config` (all fields already resolved), to send to the engine process."""
-    mc, cc, sc, dc = config.model_config, config.cache_config, config.scheduler_config, config.device_config
-    so = config.structured_outputs_config
-    return EngineArgs(
-        model=mc.model, tokenizer=mc.tokenizer, dtype=mc.dtype, device=dc.device, max_model_len=mc.max_model_len,
-        block_size=cc.block_size, num_kv_blocks=cc.num_kv_blocks, kv_cache_memory_bytes=cc.kv_cache_memory_bytes,
-        gpu_memory_utilization=cc.gpu_memory_utilization, max_num_seqs=sc.max_num_seqs,
-        max_num_batched_tokens=sc.max_num_batched_tokens, enable_prefix_caching=cc.enable_prefix_caching,
-        enable_chunked_prefill=sc.enable_chunked_prefill, scheduling_policy=sc.policy,
-        attention_backend=dc.attention_backend, enforce_eager=dc.enforce_eager,
-        tensor_parallel_size=config.parallel_config.tensor_parallel_size, seed=mc.seed,
-        max_n_sequences=sc.max_n_sequences, grammar_cache_memory_bytes=so.cache_memory_bytes,
-        max_grammar_memory_bytes=so.max_grammar_memory_bytes, grammar_compile_timeout_s=so.compile_timeout_s,
-        grammar_compile_workers=so.compile_workers,
-    )
-
-
 class EngineProcess:
     """One spawned engine process and the client's end of its sockets.
 
@@ -65,7 +47,7 @@ class EngineProcess:
     belongs to one reader. Death is recorded once (`mark_dead`); `close()` stops everything and is idempotent.
     """
 
-    def __init__(self, engine_args: EngineArgs, startup_timeout: float = 600.0, wait: bool = True) -> None:
+    def __init__(self, config: VxConfig, startup_timeout: float = 600.0, wait: bool = True) -> None:
         self.ipc_dir = tempfile.mkdtemp(prefix="vx-")
         os.chmod(self.ipc_dir, 0o700)  # only this user may connect to the engine
         self.ctx = zmq.Context()
@@ -89,9 +71,10 @@ class EngineProcess:
         self.exitcode: int | None = None  # the process's exit code, once close() has reaped it
 
         spawn = multiprocessing.get_context("spawn")
-        # daemon: multiprocessing's exit handler terminates it should everything else fail.
+        # daemon: multiprocessing's exit handler terminates it should everything else fail. The config goes
+        # whole, as msgpack bytes: the engine uses it as resolved here, so no field can be lost on the way.
         self.proc = spawn.Process(target=run_engine_core_proc, name="vx-engine-core", daemon=True,
-                                  args=(engine_args, input_addr, output_addr, self.ipc_dir))
+                                  args=(encode_config(config), input_addr, output_addr, self.ipc_dir))
         try:
             self.proc.start()
         except BaseException:

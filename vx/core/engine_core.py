@@ -23,8 +23,9 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
+from vx import platform
 from vx.cache import KVCacheManager
-from vx.config import EngineArgs, VxConfig
+from vx.config import VxConfig, decode_config
 from vx.executor import Executor, UniProcExecutor
 from vx.core.protocol import (
     EngineCoreOutputs,
@@ -269,10 +270,10 @@ class EngineCoreProc:
             sock.close(linger=_OUTPUT_LINGER_MS)
 
 
-def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: str, ipc_dir: str) -> None:
+def run_engine_core_proc(config_bytes: bytes, input_addr: str, output_addr: str, ipc_dir: str) -> None:
     """Entry point of the engine process (a multiprocessing spawn target): build, handshake, serve, exit.
 
-    The config is built here from the plain `EngineArgs`, so that no model objects cross the process boundary.
+    `config_bytes` is the front end's resolved `VxConfig` (`encode_config`), used here as it is.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the application, which shuts us down
     _watch_parent(ipc_dir)
@@ -284,7 +285,8 @@ def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: 
     in_sock.setsockopt(zmq.RCVHWM, 0)
     in_sock.connect(input_addr)
     try:
-        core = EngineCore(engine_args.create_config())
+        platform.prefer_passive_openmp_wait()  # before decoding the config imports transformers, hence torch
+        core = EngineCore(decode_config(config_bytes))
         _install_test_hooks(core)
     except BaseException as e:  # noqa: BLE001 - report any start-up failure through the handshake
         logger.error("vx engine failed to start: %s", describe_exception(e))
@@ -293,9 +295,7 @@ def run_engine_core_proc(engine_args: EngineArgs, input_addr: str, output_addr: 
         out_sock.close(linger=_OUTPUT_LINGER_MS)
         ctx.term()
         sys.exit(1)
-    mc = core.config.model_config
-    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks,
-                                                max_model_len=mc.max_model_len, vocab_size=mc.vocab_size)))
+    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks)))
     code = EngineCoreProc(core, in_sock, out_sock).run()
     # Returns once the input thread has closed its socket (it sees ETERM) and the output has flushed.
     ctx.term()

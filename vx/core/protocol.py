@@ -134,8 +134,6 @@ class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, kw_on
 
     pid: int
     num_kv_blocks: int = 0
-    max_model_len: int = 0  # as the engine resolved them from the model's full config
-    vocab_size: int = 0
     error: str | None = None  # set when start-up failed; the process exits right after sending it
 
 
