@@ -155,3 +155,21 @@ async def test_sigkill_is_noticed_through_the_sentinel(client):
     await anyio.to_thread.run_sync(client.shutdown)
     assert process_gone(pid) and not os.path.exists(ipc_dir)
     assert child_pids() <= before - {pid}
+
+
+# ------------------------------------------------------------------------------------------- sync client
+def test_priority_scheduling_reaches_the_engine_process(tiny_model_dir):
+    """`scheduling_policy` once got lost on the way to the engine process. One request runs at a time: "first"
+    (sent first, and the most urgent, so it runs first either way), then the others by priority; first come first
+    served would finish them in the order they were sent."""
+    llm = vx.LLM(tiny_model_dir, multiprocess=True, scheduling_policy="priority", max_num_seqs=1, **ENGINE_KWARGS)
+    try:
+        engine = llm.llm_engine
+        for rid, priority in [("first", 0), ("low", 3), ("mid", 2), ("high", 1)]:
+            engine.add_request(rid, [3, 4, 5], GREEDY, priority=priority)
+        finished = []
+        while engine.has_unfinished_requests():
+            finished += [o.request_id for o in engine.step() if o.finished]
+        assert finished == ["first", "high", "mid", "low"]
+    finally:
+        llm.shutdown()
