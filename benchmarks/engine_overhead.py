@@ -55,9 +55,9 @@ def build_engine_parts(num_running: int, prompt_len: tuple[int, int], steps: int
     cache = CacheConfig(block_size=block_size, num_kv_blocks=num_blocks, enable_prefix_caching=prefix_caching)
     # A budget that admits and prefills every request in the first step; decode steps need num_running.
     sched_cfg = SchedulerConfig(max_num_seqs=num_running, max_num_batched_tokens=num_running * prompt_len[1],
-                                max_model_len=max_len, enable_chunked_prefill=True)
+                                enable_chunked_prefill=True)
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
-    scheduler = Scheduler(sched_cfg, cache, kv)
+    scheduler = Scheduler(sched_cfg, cache, kv, max_model_len=max_len)
     rng = random.Random(seed)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 4, ignore_eos=True)  # none ends early
     for i in range(num_running):

@@ -78,7 +78,6 @@ class SchedulerConfig(msgspec.Struct, kw_only=True):
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
     enable_chunked_prefill: bool = True
     policy: str = "fcfs"  # "fcfs" | "priority" (lower `priority` value first)
     # The most parallel samples (`SamplingParams.n`) one request may ask for; the front end refuses more.
@@ -235,7 +234,6 @@ class EngineArgs:
         sched = SchedulerConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=budget,
-            max_model_len=max_model_len,
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=self.scheduling_policy,
             max_n_sequences=self.max_n_sequences,

@@ -15,8 +15,9 @@ from vx.sampling_params import SamplingParams
 def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, max_len=256, chunked=True,
                    caching=True) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, caching)
-    return Scheduler(SchedulerConfig(max_seqs, budget, max_len, chunked),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=caching), kv)
+    return Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                                     enable_chunked_prefill=chunked),
+                     CacheConfig(block_size=block_size, enable_prefix_caching=caching), kv, max_model_len=max_len)
 
 
 def req(rid: str, n_prompt: int, max_tokens=8, eos=(), base=1, **kw) -> Request:
@@ -179,7 +180,7 @@ def test_prefix_hits_skip_computation():
 def make_priority_scheduler(**kw) -> Scheduler:
     s = make_scheduler(**kw)
     s.config.policy = "priority"
-    return Scheduler(s.config, CacheConfig(block_size=s.block_size), s.kv_cache_manager)
+    return Scheduler(s.config, CacheConfig(block_size=s.block_size), s.kv_cache_manager, max_model_len=s.max_model_len)
 
 
 def test_priority_policy_admits_lower_priority_value_first():

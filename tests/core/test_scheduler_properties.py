@@ -42,8 +42,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             budget = max(budget, MAX_MODEL_LEN)  # as EngineArgs requires: a whole prompt must fit one step
         self.block_size = block_size
         self.kv = KVCacheManager(num_blocks, block_size, caching)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, budget, MAX_MODEL_LEN, chunked, policy),
-                                   CacheConfig(block_size=block_size, enable_prefix_caching=caching), self.kv)
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                                   enable_chunked_prefill=chunked, policy=policy),
+                                   CacheConfig(block_size=block_size, enable_prefix_caching=caching), self.kv,
+                                   max_model_len=MAX_MODEL_LEN)
         self.next_id = 0
         self.prompts: list[list[int]] = []
         self.outcome: dict[str, str | None] = {}  # request id -> None while live, then its finish reason

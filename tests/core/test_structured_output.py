@@ -169,8 +169,9 @@ def _manager(tokenizer_dir: str, **limits) -> StructuredOutputManager:
 
 
 def _scheduler(mgr: StructuredOutputManager) -> Scheduler:
-    return Scheduler(SchedulerConfig(8, 64, 256, True), CacheConfig(block_size=4, enable_prefix_caching=True),
-                     KVCacheManager(64, 4, True), mgr)
+    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+                     CacheConfig(block_size=4, enable_prefix_caching=True), KVCacheManager(64, 4, True), mgr,
+                     max_model_len=256)
 
 
 def _allowed(bitmask_row: np.ndarray) -> np.ndarray:
@@ -186,8 +187,9 @@ def test_scheduler_admits_others_while_a_grammar_compiles(tiny_model_dir):
     release = threading.Event()
     compile_fn = mgr._compile
     mgr._compile = lambda key: (release.wait(30), compile_fn(key))[1]  # hold the compile until released
-    s = Scheduler(SchedulerConfig(8, 64, 256, True), CacheConfig(block_size=4, enable_prefix_caching=True),
-                  KVCacheManager(64, 4, True), mgr)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+                  CacheConfig(block_size=4, enable_prefix_caching=True), KVCacheManager(64, 4, True), mgr,
+                  max_model_len=256)
     s.add_request(Request("constrained", [5, 6, 7], vx.SamplingParams(
         max_tokens=20, ignore_eos=True, structured_outputs=SO(regex=REGEX)), [EOS]))
     s.add_request(Request("free", [5, 6, 7], vx.SamplingParams(max_tokens=2), [EOS]))
@@ -226,8 +228,9 @@ def test_scheduler_admits_others_while_a_grammar_compiles(tiny_model_dir):
 def test_abort_while_compiling_and_cache(tiny_model_dir):
     """Requests sharing a constraint share one compile; aborting a request drops its grammar state."""
     mgr = _manager(tiny_model_dir)
-    s = Scheduler(SchedulerConfig(8, 64, 256, True), CacheConfig(block_size=4, enable_prefix_caching=True),
-                  KVCacheManager(64, 4, True), mgr)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64),
+                  CacheConfig(block_size=4, enable_prefix_caching=True), KVCacheManager(64, 4, True), mgr,
+                  max_model_len=256)
     for rid in ("a", "b"):
         s.add_request(Request(rid, [5, 6], vx.SamplingParams(structured_outputs=SO(json=SCHEMA)), [EOS]))
     assert len(mgr._cache) == 1 and mgr.num_pending == 2

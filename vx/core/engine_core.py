@@ -64,7 +64,7 @@ class EngineCore:
         self.structured_output_manager = StructuredOutputManager(config.model_config,
                                                                  config.structured_outputs_config)
         self.scheduler = Scheduler(config.scheduler_config, cc, self.kv_cache_manager,
-                                   self.structured_output_manager)
+                                   self.structured_output_manager, max_model_len=config.model_config.max_model_len)
         self.num_kv_blocks = num_blocks
         logger.info("vx engine ready in %.2fs: %d KV blocks of %d tokens", time.perf_counter() - t0,
                     num_blocks, cc.block_size)

@@ -30,11 +30,11 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  kv_cache_manager: KVCacheManager,
-                 structured_output_manager: StructuredOutputManager | None = None) -> None:
+                 structured_output_manager: StructuredOutputManager | None = None, *, max_model_len: int) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = kv_cache_manager
-        self.max_model_len = scheduler_config.max_model_len
+        self.max_model_len = max_model_len  # the model's (ModelConfig.max_model_len)
         self.requests: dict[str, Request] = {}
         self.policy = scheduler_config.policy
         self.waiting = make_request_queue(self.policy)

@@ -39,9 +39,10 @@ class Worker:
         """Blocks from `num_kv_blocks`, else from the memory budget; never more than can be used."""
         cc = self.config.cache_config
         sc = self.config.scheduler_config
+        max_model_len = self.config.model_config.max_model_len
         per_block = self.model_runner.kv_cache_bytes_per_block()
         # One spare block: block 0 is reserved as the padding block.
-        useful = sc.max_num_seqs * -(-sc.max_model_len // cc.block_size) + 1
+        useful = sc.max_num_seqs * -(-max_model_len // cc.block_size) + 1
         if cc.num_kv_blocks is not None:
             return cc.num_kv_blocks
         if cc.kv_cache_memory_bytes is not None:
@@ -53,11 +54,11 @@ class Worker:
         else:
             budget = min(_CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * _CPU_MAX_FRACTION))
         num = min(budget // per_block, useful)
-        need = -(-sc.max_model_len // cc.block_size) + 1
+        need = -(-max_model_len // cc.block_size) + 1
         if num < need:
             raise ValueError(
                 f"The KV cache budget ({budget / 2**20:.0f} MiB) holds {num} blocks, fewer than one "
-                f"sequence of max_model_len={sc.max_model_len} needs ({need}); lower max_model_len or "
+                f"sequence of max_model_len={max_model_len} needs ({need}); lower max_model_len or "
                 "raise the memory budget.")
         return int(num)
 
