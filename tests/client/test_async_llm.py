@@ -236,6 +236,32 @@ async def test_bad_input_fails_alone_at_submission_while_another_request_streams
     await assert_idle(llm)
 
 
+async def test_a_failed_send_midway_leaves_nothing_behind(llm):
+    """Sending the 2nd of n = 3 samples fails: the 1st is aborted in the engine, and neither the output processor
+    nor the streams keep anything (all or nothing, as `vx.client.submit` does for every front end)."""
+    client = llm._client
+    send, sent, aborted = client.add_request, [], []
+
+    def failing_send(request):
+        if sent:
+            raise RuntimeError("injected send failure")
+        send(request)
+        sent.append(request.request_id)
+
+    client.add_request = failing_send
+    client.abort_requests = lambda ids: (aborted.extend(ids), type(client).abort_requests(client, ids))
+    try:
+        with pytest.raises(RuntimeError, match="injected send failure"):
+            async for _ in llm.generate("fan out", greedy(300, ignore_eos=True, n=3), request_id="fan"):
+                pass
+    finally:
+        del client.add_request, client.abort_requests
+    assert sent == ["0_fan"] and set(aborted) == {"0_fan", "1_fan", "2_fan"}
+    assert llm.output_processor.parent_requests == {}
+    await assert_idle(llm)  # the engine stopped the sample it got
+    assert (await llm.complete("fan out", greedy(4, n=3), request_id="fan")).finished
+
+
 async def test_malformed_message_is_reported_and_engine_keeps_serving(llm):
     engine = llm._client.engine
     with engine._send_lock:

@@ -21,6 +21,7 @@ import anyio.abc
 
 from vx.client.core_client import AsyncMPClient
 from vx.client.request_stream import RequestStream
+from vx.client.submit import Prompt, PromptRequest, submit_requests
 from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import EngineCoreOutputs
 from vx.errors import EngineDeadError, EngineGenerateError
@@ -28,8 +29,6 @@ from vx.outputs import EngineStats, RequestOutput
 from vx.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-Prompt = str | list[int]
 
 
 class AsyncLLM:
@@ -260,22 +259,15 @@ class AsyncLLM:
         client = self._require_client()
         self._drain_deferred()
         rid = uuid.uuid4().hex if request_id is None else request_id
-        request = self.processor.process_inputs(rid, prompt, params, priority=priority)
         self._busy = True
         try:
-            engine_requests = self.output_processor.add_request(request, prompt if isinstance(prompt, str) else None)
+            (request,) = submit_requests(self.processor, self.output_processor, client,
+                                         [PromptRequest(rid, prompt, params, priority=priority)])
+            # Registered after the send: no output can be handled in between (the output task runs on this thread,
+            # and nothing here awaits), and a failed submission leaves no stream to undo.
             stream = RequestStream(rid, request.sampling_params.output_kind)
             stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), rid)
             self._streams[rid] = stream
-            try:
-                for engine_request in engine_requests:
-                    client.add_request(engine_request)
-            except BaseException:
-                stream.detach()
-                self._streams.pop(rid, None)
-                client.abort_requests([r.request_id for r in engine_requests])
-                self.output_processor.abort_requests([rid])
-                raise
         finally:
             self._busy = False
         return stream

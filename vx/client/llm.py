@@ -8,11 +8,10 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from vx.client.llm_engine import LLMEngine
+from vx.client.submit import Prompt, PromptRequest
 from vx.config import EngineArgs
 from vx.outputs import EngineStats, RequestOutput
 from vx.sampling_params import RequestOutputKind, SamplingParams
-
-Prompt = str | list[int]
 
 
 class LLM:
@@ -63,16 +62,13 @@ class LLM:
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(priorities)} priorities.")
 
         engine = self.llm_engine
-        requests = [engine.processor.process_inputs(str(next(self._counter)), prompt, params, priority=prio)
+        requests = [PromptRequest(str(next(self._counter)), prompt, params, priority=prio)
                     for prompt, params, prio in zip(prompt_list, params_list, priorities)]
+        engine.add_requests(requests)  # all or nothing
         order = {r.request_id: i for i, r in enumerate(requests)}
         results: list[RequestOutput | None] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
         try:
-            for req, prompt in zip(requests, prompt_list):
-                for engine_request in engine.output_processor.add_request(req, prompt if isinstance(prompt, str)
-                                                                          else None):
-                    engine.engine_core.add_request(engine_request)
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.finished:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from vx.client.core_client import EngineCoreClient, InprocClient
 from vx.client.output_processor import OutputProcessor
 from vx.client.processor import Processor
+from vx.client.submit import PromptRequest, submit_requests
 from vx.client.tokenizer import load_tokenizer
 from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import InputError
@@ -43,15 +44,11 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0) -> None:
         """Validate, tokenize and queue one request (bad input raises ValueError, nothing queued)."""
-        req = self.processor.process_inputs(request_id, prompt, params, arrival_time, priority)
-        engine_requests = self.output_processor.add_request(req, prompt if isinstance(prompt, str) else None)
-        try:
-            for engine_request in engine_requests:
-                self.engine_core.add_request(engine_request)
-        except Exception:
-            self.engine_core.abort_requests([r.request_id for r in engine_requests])
-            self.output_processor.abort_requests([request_id])
-            raise
+        self.add_requests([PromptRequest(request_id, prompt, params, arrival_time, priority)])
+
+    def add_requests(self, requests: Sequence[PromptRequest]) -> None:
+        """Queue several requests, all or nothing: one that is bad, or fails to go out, leaves none queued."""
+        submit_requests(self.processor, self.output_processor, self.engine_core, requests)
 
     def abort_request(self, request_ids: Iterable[str]) -> None:
         ids = list(request_ids)

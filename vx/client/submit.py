@@ -1,0 +1,60 @@
+"""The one path by which a front end (`LLMEngine`, `LLM`, `AsyncLLM`) submits requests to its engine core.
+
+Validate and tokenize every request first (`Processor`), then register each with the `OutputProcessor` (an `n > 1`
+request fans out into n engine requests there) and send its engine requests to the client. All or nothing: if any
+step raises, everything registered so far is aborted in the engine and dropped from the output processor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from vx.core.protocol import EngineCoreRequest
+from vx.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from vx.client.core_client import EngineCoreClient
+    from vx.client.output_processor import OutputProcessor
+    from vx.client.processor import Processor
+
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One request as the application gives it."""
+
+    request_id: str
+    prompt: Prompt
+    params: SamplingParams | None = None
+    arrival_time: float | None = None
+    priority: int = 0
+
+
+def submit_requests(processor: Processor, output_processor: OutputProcessor, client: EngineCoreClient,
+                    requests: Sequence[PromptRequest]) -> list[EngineCoreRequest]:
+    """Submit `requests` all or nothing; returns their processed `EngineCoreRequest`s, in order.
+
+    A bad request raises `ValueError` before anything is registered. A failure while registering or sending (a
+    duplicate id, a dead engine) aborts what was already sent, forgets what was registered, and re-raises.
+    """
+    processed = [processor.process_inputs(r.request_id, r.prompt, r.params, r.arrival_time, r.priority)
+                 for r in requests]
+    registered: list[str] = []
+    try:
+        for request, given in zip(processed, requests):
+            engine_requests = output_processor.add_request(request, given.prompt if isinstance(given.prompt, str)
+                                                           else None)
+            registered.append(request.request_id)
+            for engine_request in engine_requests:
+                client.add_request(engine_request)
+    except BaseException:
+        # Every engine request of what was registered: those sent, and those never sent (aborting an id the
+        # engine does not know is a no-op).
+        try:
+            client.abort_requests(output_processor.engine_request_ids(registered))
+        finally:
+            output_processor.abort_requests(registered)
+        raise
+    return processed
