@@ -57,14 +57,14 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id!r} is already running; ids must be unique "
                              "among live requests.")
-        so = request.sampling_params.structured_outputs
-        if so is not None:
+        structured_outputs = request.sampling_params.structured_outputs
+        if structured_outputs is not None:
             if self.structured_output_manager is None:
                 raise ValueError("structured_outputs is not supported by this scheduler (it has no "
                                  "StructuredOutputManager).")
             # The grammar compiles in the background; the request is admitted once it is ready.
             stop_ids = sorted(request.eos_token_ids) + list(request.sampling_params.stop_token_ids or [])
-            self.structured_output_manager.add_request(request.request_id, so, stop_ids)
+            self.structured_output_manager.add_request(request.request_id, structured_outputs, stop_ids)
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -94,9 +94,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step under `max_num_batched_tokens` and `max_num_seqs`: running requests first, then (in a step
         that preempted nothing) waiting ones; then the grammar bitmask of the constrained rows that sample."""
-        so_mgr = self.structured_output_manager
-        if so_mgr is not None and so_mgr.num_pending:
-            for error in so_mgr.update():  # compiles that failed (or timed out) since the last step
+        grammars = self.structured_output_manager
+        if grammars is not None and grammars.num_pending:
+            for error in grammars.update():  # compiles that failed (or timed out) since the last step
                 self._fail(error)
         plan = _StepPlan(budget=self.config.max_num_batched_tokens)
         self._schedule_running(plan)
@@ -142,11 +142,11 @@ class Scheduler:
         """Admit waiting requests in queue order while the budget, `max_num_seqs` and the KV cache allow; one
         whose grammar still compiles lets the requests behind it go first."""
         kv = self.kv_cache_manager
-        so_mgr = self.structured_output_manager
+        grammars = self.structured_output_manager
         skipped: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
-            if so_mgr is not None and not so_mgr.is_ready(req.request_id):
+            if grammars is not None and not grammars.is_ready(req.request_id):
                 skipped.append(self.waiting.pop())
                 continue
             if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
@@ -190,14 +190,14 @@ class Scheduler:
             total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids, preempted_req_ids=plan.preempted_req_ids)
         self.finished_req_ids = set()
-        so_mgr = self.structured_output_manager
-        if so_mgr is not None and so_mgr.num_requests:
+        grammars = self.structured_output_manager
+        if grammars is not None and grammars.num_requests:
             # One bitmask for every constrained row that samples this step, in batch order.
             out.grammar_req_ids = [rid for rid in out.req_ids if rid in sampling
                                    and self.requests[rid].sampling_params.structured_outputs is not None]
             if out.grammar_req_ids:
                 # A request whose matcher fails samples unmasked, and ends after the step without its token.
-                out.grammar_bitmask, errors = so_mgr.grammar_bitmask(out.grammar_req_ids)
+                out.grammar_bitmask, errors = grammars.grammar_bitmask(out.grammar_req_ids)
                 self._failing.extend(errors)
         return out
 
