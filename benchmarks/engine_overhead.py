@@ -66,12 +66,11 @@ def build_engine_parts(num_running: int, prompt_len: tuple[int, int], steps: int
     return scheduler, InputBatch(block_size, torch.device("cpu"))
 
 
-def fake_runner(so: Any) -> Any:
+def fake_runner(sampling_req_ids: list[str]) -> Any:
     """The no-op model: token 7 for every request that reached the end of its known tokens."""
     from vx.step import ModelRunnerOutput
 
-    ids = [sr.req_id for sr in so.scheduled if sr.samples]
-    return ModelRunnerOutput(ids, [7] * len(ids))
+    return ModelRunnerOutput(list(sampling_req_ids), [7] * len(sampling_req_ids))
 
 
 def one_step(scheduler: Any, batch: Any, acc: dict[str, float] | None) -> int:
@@ -85,10 +84,9 @@ def one_step(scheduler: Any, batch: Any, acc: dict[str, float] | None) -> int:
     t1 = pc()
     batch.update_states(so)
     t2 = pc()
-    if so.total_num_scheduled_tokens:
-        batch.prepare(so)
+    sampling_req_ids = batch.prepare(so).sampling_req_ids if so.total_num_scheduled_tokens else []
     t3 = pc()
-    ro = fake_runner(so)
+    ro = fake_runner(sampling_req_ids)
     t4 = pc()
     outs = scheduler.update_from_output(so, ro)
     t5 = pc()

@@ -19,7 +19,7 @@ from vx.attention_backends import ATTENTION_BACKEND_NAMES
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
-_SCHEDULING_POLICIES = ("fcfs", "priority")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # first come first served; lower `priority` value first
 
 DEFAULT_MAX_N_SEQUENCES = 128  # OpenAI's own limit on `n`
 
@@ -255,8 +255,8 @@ class EngineArgs:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}.")
         if self.device not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}.")
-        if self.scheduling_policy not in _SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {_SCHEDULING_POLICIES}, got "
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got "
                              f"{self.scheduling_policy!r}.")
         if self.attention_backend not in ATTENTION_BACKEND_NAMES:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKEND_NAMES}, "

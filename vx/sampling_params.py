@@ -18,6 +18,8 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # a single output when the request finishes
 
 
+# Temperatures below this sample greedily (argmax); the sampler uses the same cut-off.
+GREEDY_TEMPERATURE_EPS = 1e-5
 _INT_MAX = 2**63 - 1  # every int a request carries fits int64: the wire (msgpack) and torch tensors
 
 # What one request may ask for. The bounds are generous (OpenAI's own are lower: 4 stop strings, 20 top
@@ -232,7 +234,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     @property
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
-        return self.temperature < 1e-5 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
 
     def clone(self, **changes: Any) -> "SamplingParams":
         """A validated copy with some fields changed."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
+from worker_view import WorkerView
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
-from vx.step import ModelRunnerOutput
 from vx.sampling_params import SamplingParams
+from vx.step import ModelRunnerOutput
 
 
 def make_scheduler(num_blocks=64, block_size=4, budget=32, max_seqs=8, max_len=256, chunked=True,
@@ -25,10 +28,14 @@ def req(rid: str, n_prompt: int, max_tokens=8, eos=(), base=1, **kw) -> Request:
                    SamplingParams(max_tokens=max_tokens, **kw), list(eos))
 
 
+# Each scheduler's steps as its worker sees them.
+_views: weakref.WeakKeyDictionary[Scheduler, WorkerView] = weakref.WeakKeyDictionary()
+
+
 def step(s: Scheduler, token_for=lambda rid: 99):
-    so = s.schedule()
+    so = _views.setdefault(s, WorkerView()).apply(s.schedule())
     sampled = [r.req_id for r in so.scheduled if r.samples]
-    out = s.update_from_output(so, ModelRunnerOutput(sampled, [token_for(r) for r in sampled]))
+    out = s.update_from_output(so.output, ModelRunnerOutput(sampled, [token_for(r) for r in sampled]))
     return so, out
 
 

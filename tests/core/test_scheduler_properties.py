@@ -14,13 +14,14 @@ import random
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from worker_view import WorkerView
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
-from vx.step import ModelRunnerOutput
 from vx.sampling_params import SamplingParams
+from vx.step import ModelRunnerOutput
 
 MAX_MODEL_LEN = 24
 EOS = 0
@@ -42,6 +43,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             budget = max(budget, MAX_MODEL_LEN)  # as EngineArgs requires: a whole prompt must fit one step
         self.block_size = block_size
         self.kv = KVCacheManager(num_blocks, block_size, caching)
+        self.worker_view = WorkerView()  # the workers' side of each step's plan
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                                    enable_chunked_prefill=chunked, policy=policy),
                                    CacheConfig(block_size=block_size, enable_prefix_caching=caching), self.kv,
@@ -96,7 +98,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _step(self, rng: random.Random) -> None:
         s, bs = self.scheduler, self.block_size
         preemptions_before = s.num_preemptions
-        so = s.schedule()
+        so = self.worker_view.apply(s.schedule())
         cfg = s.config
         ids = [sr.req_id for sr in so.scheduled]
         assert len(ids) == len(set(ids))
@@ -127,7 +129,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
         sampled = [sr.req_id for sr in so.scheduled if sr.samples]
         tokens = [rng.randrange(4) for _ in sampled]
-        outs = s.update_from_output(so, ModelRunnerOutput(sampled, tokens))
+        outs = s.update_from_output(so.output, ModelRunnerOutput(sampled, tokens))
         assert [o.request_id for o in outs.outputs] == sampled
         for out, token in zip(outs.outputs, tokens):
             assert out.new_token_ids == [token]

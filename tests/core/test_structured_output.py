@@ -12,17 +12,18 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
+from worker_view import WorkerView
 
 import vx
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, ModelConfig, SchedulerConfig, StructuredOutputsConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
-from vx.step import ModelRunnerOutput
 from vx.core.structured_output import StructuredOutputManager, grammar_key
 from vx.errors import EngineGenerateError, InvalidRequestError
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.sampling_params import StructuredOutputsParams as SO
+from vx.step import ModelRunnerOutput
 
 ENGINE_KWARGS = dict(dtype="float32", device="cpu", max_model_len=256, num_kv_blocks=200, block_size=16)
 VOCAB = 512  # the tiny model's vocabulary; its tokenizer has only 400 tokens
@@ -194,14 +195,15 @@ def test_scheduler_admits_others_while_a_grammar_compiles(tiny_model_dir):
         max_tokens=20, ignore_eos=True, structured_outputs=SO(regex=REGEX)), [EOS]))
     s.add_request(Request("free", [5, 6, 7], vx.SamplingParams(max_tokens=2), [EOS]))
 
-    so = s.schedule()
+    view = WorkerView()
+    so = view.apply(s.schedule())
     assert [r.req_id for r in so.scheduled] == ["free"] and so.grammar_bitmask is None
     assert [r.request_id for r in s.waiting] == ["constrained"]  # kept its place at the head of the queue
-    s.update_from_output(so, ModelRunnerOutput(["free"], [9]))
+    s.update_from_output(so.output, ModelRunnerOutput(["free"], [9]))
 
     release.set()
     mgr.wait_for_compile(timeout=30)
-    so = s.schedule()
+    so = view.apply(s.schedule())
     assert {r.req_id for r in so.scheduled} == {"free", "constrained"}
     assert so.grammar_req_ids == ["constrained"] and so.grammar_bitmask.shape == (1, VOCAB // 32)
     allowed = _allowed(so.grammar_bitmask[0])
@@ -211,9 +213,9 @@ def test_scheduler_admits_others_while_a_grammar_compiles(tiny_model_dir):
     while "constrained" in s.requests:
         tokens.append(int(allowed[0]))
         sampled = [r.req_id for r in so.scheduled if r.samples]
-        s.update_from_output(so, ModelRunnerOutput(sampled, [tokens[-1] if r == "constrained" else 9
+        s.update_from_output(so.output, ModelRunnerOutput(sampled, [tokens[-1] if r == "constrained" else 9
                                                              for r in sampled]))
-        so = s.schedule()
+        so = view.apply(s.schedule())
         if so.grammar_req_ids:
             allowed = _allowed(so.grammar_bitmask[0])
     assert tokens[-1] == EOS and len(tokens) < 20  # ended by the grammar (ignore_eos is set), not by max_tokens
@@ -307,13 +309,13 @@ def test_grammar_over_the_memory_limit_fails_its_request_alone(tiny_model_dir):
     s.add_request(Request("big", [5, 6], vx.SamplingParams(structured_outputs=SO(regex="[a-z]{1,1000}")), [EOS]))
     s.add_request(Request("small", [5, 6], vx.SamplingParams(max_tokens=3, structured_outputs=SO(regex=REGEX)),
                           [EOS]))
-    errors, ran = [], set()
+    errors, ran, view = [], set(), WorkerView()
     while s.has_unfinished_requests():
         mgr.wait_for_compile(timeout=0.05)
-        so = s.schedule()
+        so = view.apply(s.schedule())
         ran.update(r.req_id for r in so.scheduled)
         sampled = [r.req_id for r in so.scheduled if r.samples]
-        out = s.update_from_output(so, ModelRunnerOutput(sampled, [int(_allowed(so.grammar_bitmask[0])[0])
+        out = s.update_from_output(so.output, ModelRunnerOutput(sampled, [int(_allowed(so.grammar_bitmask[0])[0])
                                                                    for _ in sampled]))
         errors += out.input_errors
     assert [(e.request_id, e.internal) for e in errors] == [("big", False)]
@@ -336,16 +338,16 @@ def test_compile_timeout_fails_only_its_request(tiny_model_dir):
     s.add_request(Request("slow", [5, 6], vx.SamplingParams(structured_outputs=SO(regex="s+l+o+w")), [EOS]))
     s.add_request(Request("fast", [5, 6], vx.SamplingParams(max_tokens=30, ignore_eos=True,
                                                              structured_outputs=SO(regex=REGEX)), [EOS]))
-    errors, fast_steps = [], 0
+    errors, fast_steps, view = [], 0, WorkerView()
     t0 = time.monotonic()
     while s.has_unfinished_requests():
         assert time.monotonic() - t0 < 20
         mgr.wait_for_compile(timeout=0.05)
-        so = s.schedule()
+        so = view.apply(s.schedule())
         fast_steps += any(r.req_id == "fast" for r in so.scheduled)
         sampled = [r.req_id for r in so.scheduled if r.samples]
         tokens = [int(_allowed(so.grammar_bitmask[so.grammar_req_ids.index(r)])[0]) for r in sampled]
-        errors += s.update_from_output(so, ModelRunnerOutput(sampled, tokens)).input_errors
+        errors += s.update_from_output(so.output, ModelRunnerOutput(sampled, tokens)).input_errors
     assert [(e.request_id, e.internal) for e in errors] == [("slow", False)]
     assert "structured_outputs.regex is too costly to compile: compiling took longer than 0.5 s" in errors[0].message
     assert fast_steps > 0 and s.kv_cache_manager.stats().num_blocks_in_use == 0
@@ -384,14 +386,14 @@ def test_a_failing_matcher_fails_its_request_alone(tiny_model_dir):
 
     mgr._requests["a"].matcher = Broken(mgr._requests["a"].matcher, "fill_next_token_bitmask")
     mgr._requests["b"].matcher = Broken(mgr._requests["b"].matcher, "accept_token")
-    errors, tokens = [], []
+    errors, tokens, view = [], [], WorkerView()
     while s.has_unfinished_requests():
-        so = s.schedule()
+        so = view.apply(s.schedule())
         sampled = [r.req_id for r in so.scheduled if r.samples]
         rows = [so.grammar_req_ids.index(r) for r in sampled]
         step_tokens = [int(_allowed(so.grammar_bitmask[i])[0]) for i in rows]
         tokens += [t for r, t in zip(sampled, step_tokens) if r == "c"]
-        errors += s.update_from_output(so, ModelRunnerOutput(sampled, step_tokens)).input_errors
+        errors += s.update_from_output(so.output, ModelRunnerOutput(sampled, step_tokens)).input_errors
     assert sorted((e.request_id, e.internal) for e in errors) == [("a", True), ("b", True)]
     assert all("structured output failed: RuntimeError: injected" in e.message for e in errors)
     assert tokens[-1] == EOS and s.kv_cache_manager.stats().num_blocks_in_use == 0 and mgr.num_requests == 0

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import vx
 from vx.errors import EngineGenerateError, InvalidRequestError
+import vx.gpu.input_batch as input_batch_module
 from vx.gpu.sampler import Sampler
 from vx.sampling_params import StructuredOutputsParams as SO
 
@@ -121,15 +122,14 @@ def test_a_sampling_failure_fails_only_its_request(llm, monkeypatch):
 def test_a_failure_preparing_a_request_fails_only_it(llm, monkeypatch):
     """A new request whose sampling state cannot be prepared fails alone; its prompt still runs in the step's
     forward pass (its blocks may be shared), and the others are untouched."""
-    batch = runner(llm).input_batch
-    make = batch._make_generator
+    make = input_batch_module.make_generator
 
-    def failing(params):
-        if params.seed == 666:
+    def failing(seed, device):
+        if seed == 666:
             raise RuntimeError("injected generator failure")
-        return make(params)
+        return make(seed, device)
 
-    monkeypatch.setattr(batch, "_make_generator", failing)
+    monkeypatch.setattr(input_batch_module, "make_generator", failing)
     # Same prompt as "greedy": it shares that request's prefix blocks in the same step.
     bad = (HEALTHY_PROMPTS[0], vx.SamplingParams(temperature=1.0, seed=666, max_tokens=8))
     finals, errors = run(llm, {"bad": bad, **NEIGHBOURS})

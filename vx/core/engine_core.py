@@ -87,10 +87,10 @@ class EngineCore:
         """Run one engine step; returns the new tokens and finished requests."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.monotonic())
-        so = self.scheduler.schedule()
-        runner_out = self.executor.execute_model(so)
-        outputs = self.scheduler.update_from_output(so, runner_out)
-        if so.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_pending:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if scheduler_output.total_num_scheduled_tokens == 0 and self.structured_output_manager.num_pending:
             # Nothing could run: what waits, waits for its grammar. Sleep until a compile ends instead of spinning
             # (briefly: new requests and aborts are only read between steps).
             self.structured_output_manager.wait_for_compile(timeout=_GRAMMAR_WAIT_S)

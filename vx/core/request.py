@@ -10,7 +10,7 @@ from vx.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
-    """Where a request is in its life. Finished states sort after the live ones."""
+    """Where a request is in its life; the finished states carry a finish reason."""
 
     WAITING = 0
     RUNNING = 1
@@ -18,10 +18,6 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH_CAPPED = 4
     FINISHED_ABORTED = 5
-
-    @property
-    def is_finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
 
     @property
     def finish_reason(self) -> FinishReason | None:
@@ -46,7 +42,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
         "priority", "status", "output_token_ids", "all_token_ids", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "stop_reason", "num_preemptions", "max_tokens",
-        "bad_words_token_ids", "prompt_logprobs",
+        "bad_words_token_ids", "prompt_logprobs", "num_output_tokens_sent",
     )
 
     def __init__(
@@ -75,6 +71,8 @@ class Request:
         self.stop_reason: int | str | None = None
         self.num_preemptions = 0
         self.prompt_logprobs = None  # TokenLogprobs gathered until the first output token carries them
+        # How many of its output tokens the workers were sent: the rest go with its next step (CachedRequestData).
+        self.num_output_tokens_sent = 0
         mt = sampling_params.max_tokens
         self.max_tokens = mt if mt is not None else 2**62
 
@@ -98,9 +96,6 @@ class Request:
     def append_output_token_id(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-
-    def is_finished(self) -> bool:
-        return self.status.is_finished
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "

@@ -11,9 +11,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
+from vx.config import SCHEDULING_POLICIES
 from vx.core.request import Request
-
-SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 class RequestQueue(Protocol):

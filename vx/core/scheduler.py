@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 from vx.cache import KVCacheManager
@@ -10,7 +11,7 @@ from vx.config import CacheConfig, SchedulerConfig
 from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs, InputError
 from vx.core.request import Request, RequestStatus
 from vx.core.request_queue import make_request_queue
-from vx.step import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs
+from vx.step import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput, TokenLogprobs
 
 if TYPE_CHECKING:
     from vx.core.structured_output import StructuredOutputManager
@@ -56,14 +57,14 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"Request id {request.request_id!r} is already running; ids must be unique "
                              "among live requests.")
-        so = request.sampling_params.structured_outputs
-        if so is not None:
+        structured_outputs = request.sampling_params.structured_outputs
+        if structured_outputs is not None:
             if self.structured_output_manager is None:
                 raise ValueError("structured_outputs is not supported by this scheduler (it has no "
                                  "StructuredOutputManager).")
             # The grammar compiles in the background; the request is admitted once it is ready.
             stop_ids = sorted(request.eos_token_ids) + list(request.sampling_params.stop_token_ids or [])
-            self.structured_output_manager.add_request(request.request_id, so, stop_ids)
+            self.structured_output_manager.add_request(request.request_id, structured_outputs, stop_ids)
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -91,20 +92,26 @@ class Scheduler:
 
     # -------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
-        """Plan one step under `max_num_batched_tokens` and `max_num_seqs`."""
-        budget = self.config.max_num_batched_tokens
-        kv = self.kv_cache_manager
-        scheduled: list[ScheduledRequest] = []
-        preempted_ids: set[str] = set()
-        so_mgr = self.structured_output_manager
-        if so_mgr is not None and so_mgr.num_pending:
-            for error in so_mgr.update():  # compiles that failed (or timed out) since the last step
+        """Plan one step under `max_num_batched_tokens` and `max_num_seqs`: running requests first, then (in a step
+        that preempted nothing) waiting ones; then the grammar bitmask of the constrained rows that sample."""
+        grammars = self.structured_output_manager
+        if grammars is not None and grammars.num_pending:
+            for error in grammars.update():  # compiles that failed (or timed out) since the last step
                 self._fail(error)
+        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted_req_ids:
+            self._schedule_waiting(plan)
+        return self._finish_plan(plan)
 
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        """Give each running request the tokens it still lacks while the budget lasts; when the KV cache cannot
+        grow one, preempt until it can (or until it is the one preempted)."""
+        kv = self.kv_cache_manager
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(req.num_tokens - req.num_computed_tokens, plan.budget)
             if num_new <= 0:  # nothing to compute (cannot happen without speculative tokens)
                 i += 1
                 continue
@@ -114,77 +121,83 @@ class Scheduler:
                     break
                 victim, victim_index = self._pop_victim()
                 self._preempt(victim)
-                preempted_ids.add(victim.request_id)
+                plan.preempted_req_ids.add(victim.request_id)
                 if victim is req:
                     break
                 if victim_index < i:
                     # The priority policy may evict a request already planned in this step: unplan it (its new
                     # blocks went back with the rest of its blocks) and step back over its place in `running`.
                     i -= 1
-                    for k, planned in enumerate(scheduled):
-                        if planned.req_id == victim.request_id:
-                            budget += len(scheduled.pop(k).token_ids)
-                            break
+                    plan.unplan_cached(victim.request_id)
             if new_blocks is None:
                 break
-            scheduled.append(ScheduledRequest(
-                req.request_id, False,
-                req.all_token_ids[req.num_computed_tokens:req.num_computed_tokens + num_new],
-                req.num_computed_tokens, [b.block_id for b in new_blocks], req.sampling_params,
-                req.num_computed_tokens + num_new >= req.num_tokens, req.output_token_ids))
-            budget -= num_new
+            new_token_ids = req.output_token_ids[req.num_output_tokens_sent:]
+            req.num_output_tokens_sent = req.num_output_tokens
+            plan.add(CachedRequestData(req_id=req.request_id, num_computed_tokens=req.num_computed_tokens,
+                                       new_token_ids=new_token_ids, new_block_ids=[b.block_id for b in new_blocks]),
+                     num_new)
             i += 1
 
-        if not preempted_ids:
-            skipped: list[Request] = []  # their grammar still compiles: the requests behind them go first
-            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-                req = self.waiting.peek()
-                if so_mgr is not None and not so_mgr.is_ready(req.request_id):
-                    skipped.append(self.waiting.pop())
-                    continue
-                if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
-                    computed_blocks, num_computed = [], 0  # every prompt position must run to get its logprobs
-                else:
-                    computed_blocks, num_computed = kv.get_computed_blocks(req)
-                num_new = req.num_tokens - num_computed
-                if not self.config.enable_chunked_prefill and num_new > budget:
-                    break
-                num_new = min(num_new, budget)
-                new_blocks = kv.allocate_slots(req, num_new, num_computed, computed_blocks)
-                if new_blocks is None:
-                    break
-                self.waiting.pop()
-                resumed = req.status == RequestStatus.PREEMPTED
-                req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = num_computed
-                if req.num_cached_tokens < 0:
-                    req.num_cached_tokens = num_computed
-                self.running.append(req)
-                scheduled.append(ScheduledRequest(
-                    req.request_id, True, req.all_token_ids[num_computed:num_computed + num_new],
-                    num_computed, kv.get_block_ids(req.request_id), req.sampling_params,
-                    num_computed + num_new >= req.num_tokens, req.output_token_ids,
-                    req.prompt_token_ids, tuple(sorted(req.eos_token_ids)), req.bad_words_token_ids))
-                budget -= num_new
-                if resumed:
-                    preempted_ids.discard(req.request_id)
-            for req in reversed(skipped):
-                self.waiting.prepend(req)
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        """Admit waiting requests in queue order while the budget, `max_num_seqs` and the KV cache allow; one
+        whose grammar still compiles lets the requests behind it go first."""
+        kv = self.kv_cache_manager
+        grammars = self.structured_output_manager
+        skipped: list[Request] = []
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting.peek()
+            if grammars is not None and not grammars.is_ready(req.request_id):
+                skipped.append(self.waiting.pop())
+                continue
+            if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
+                computed_blocks, num_computed = [], 0  # every prompt position must run to get its logprobs
+            else:
+                computed_blocks, num_computed = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_computed
+            if not self.config.enable_chunked_prefill and num_new > plan.budget:
+                break
+            num_new = min(num_new, plan.budget)
+            if kv.allocate_slots(req, num_new, num_computed, computed_blocks) is None:
+                break
+            self.waiting.pop()
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_computed
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_computed
+            self.running.append(req)
+            req.num_output_tokens_sent = req.num_output_tokens
+            plan.add(NewRequestData(
+                req_id=req.request_id, prompt_token_ids=req.prompt_token_ids, sampling_params=req.sampling_params,
+                block_ids=kv.get_block_ids(req.request_id), num_computed_tokens=num_computed,
+                output_token_ids=list(req.output_token_ids), eos_token_ids=tuple(sorted(req.eos_token_ids)),
+                bad_words_token_ids=req.bad_words_token_ids), num_new)
+            plan.preempted_req_ids.discard(req.request_id)  # resumed in the step that preempted it
+        for req in reversed(skipped):
+            self.waiting.prepend(req)
 
-        total = 0
-        for sr in scheduled:
-            n = len(sr.token_ids)
-            self.requests[sr.req_id].num_computed_tokens += n
-            total += n
-        out = SchedulerOutput(scheduled, total, self.finished_req_ids, preempted_ids)
+    def _finish_plan(self, plan: _StepPlan) -> SchedulerOutput:
+        """Advance each planned request's computed tokens, and make the step's `SchedulerOutput` (with the grammar
+        bitmask of the constrained requests that sample in it)."""
+        sampling: set[str] = set()
+        for req_id, n in plan.num_scheduled_tokens.items():
+            req = self.requests[req_id]
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens:
+                sampling.add(req_id)
+        out = SchedulerOutput(
+            scheduled_new_reqs=plan.new_reqs, scheduled_cached_reqs=plan.cached_reqs,
+            num_scheduled_tokens=plan.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(plan.num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids, preempted_req_ids=plan.preempted_req_ids)
         self.finished_req_ids = set()
-        if so_mgr is not None and so_mgr.num_requests:
-            # One bitmask for every constrained row that samples this step.
-            out.grammar_req_ids = [sr.req_id for sr in scheduled
-                                   if sr.samples and sr.sampling_params.structured_outputs is not None]
+        grammars = self.structured_output_manager
+        if grammars is not None and grammars.num_requests:
+            # One bitmask for every constrained row that samples this step, in batch order.
+            out.grammar_req_ids = [rid for rid in out.req_ids if rid in sampling
+                                   and self.requests[rid].sampling_params.structured_outputs is not None]
             if out.grammar_req_ids:
                 # A request whose matcher fails samples unmasked, and ends after the step without its token.
-                out.grammar_bitmask, errors = so_mgr.grammar_bitmask(out.grammar_req_ids)
+                out.grammar_bitmask, errors = grammars.grammar_bitmask(out.grammar_req_ids)
                 self._failing.extend(errors)
         return out
 
@@ -291,3 +304,24 @@ class Scheduler:
         its caller hears why with the next outputs."""
         if self.finish_requests([error.request_id], RequestStatus.FINISHED_ABORTED):
             self._errors.append(error)
+
+
+@dataclass
+class _StepPlan:
+    """A step's plan while the scheduler builds it: what each request gets, and the budget left."""
+
+    budget: int
+    cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    def add(self, request_data: CachedRequestData | NewRequestData, num_tokens: int) -> None:
+        (self.new_reqs if isinstance(request_data, NewRequestData) else self.cached_reqs).append(request_data)
+        self.num_scheduled_tokens[request_data.req_id] = num_tokens
+        self.budget -= num_tokens
+
+    def unplan_cached(self, req_id: str) -> None:
+        """Take back a running request's share (it was preempted later in the same step)."""
+        self.cached_reqs = [r for r in self.cached_reqs if r.req_id != req_id]
+        self.budget += self.num_scheduled_tokens.pop(req_id)

@@ -14,17 +14,30 @@ from vx.step import SchedulerOutput
 
 @dataclass
 class CachedRequestState:
-    """What the runner remembers of a live request: its block table, its sampling RNG, and the tokens the
-    logits processors look at. `output_token_ids` is the runner's own list: it appends each token it samples."""
+    """What the runner remembers of a live request: its tokens (the prompt, and the output the scheduler sent),
+    how many have KV in the cache, its block table and its sampling RNG."""
 
     req_id: str
-    block_ids: list[int]
+    prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    generator: torch.Generator | None = None
+    block_ids: list[int]
+    num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
-    prompt_token_ids: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
     eos_token_ids: tuple[int, ...] = ()
     bad_words_token_ids: list[list[int]] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self, start: int, count: int) -> list[int]:
+        """Its tokens [start, start + count), across the prompt and the output."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt:start - num_prompt + count]
+        return (self.prompt_token_ids[start:start + count]
+                + self.output_token_ids[:max(0, start + count - num_prompt)])
 
 
 @dataclass
@@ -47,88 +60,84 @@ class StepInputs:
 class InputBatch:
     """Tracks live requests across steps and turns a `SchedulerOutput` into `StepInputs`."""
 
-    def __init__(self, block_size: int, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, block_size: int, device: torch.device) -> None:
         self.block_size = block_size
         self.device = device
-        self.seed = seed
         self.states: dict[str, CachedRequestState] = {}
         # Generators of preempted requests: a resumed request draws on from where it stopped, so that a
         # seeded request's text does not depend on whether memory pressure preempted it.
         self.parked_generators: dict[str, torch.Generator | None] = {}
 
-    def update_states(self, so: SchedulerOutput) -> dict[str, str]:
-        """Drop ended requests, (re)register new ones, extend block tables of running ones.
+    def update_states(self, scheduler_output: SchedulerOutput) -> dict[str, str]:
+        """Drop ended requests, park preempted ones, register new (or resumed) ones, and bring the running ones up
+        to date (their new tokens and blocks).
 
         Returns req id -> message for each new request whose sampling state could not be prepared (its generator):
         it is registered all the same, so that its tokens still run in this step's forward pass (its blocks may be
         shared with another request in this very step), but it must not sample, and must end.
         """
         failed: dict[str, str] = {}
-        for rid in so.finished_req_ids:
-            self.states.pop(rid, None)
-            self.parked_generators.pop(rid, None)
-        for rid in so.preempted_req_ids:
-            state = self.states.pop(rid, None)
+        for req_id in scheduler_output.finished_req_ids:
+            self.states.pop(req_id, None)
+            self.parked_generators.pop(req_id, None)
+        for req_id in scheduler_output.preempted_req_ids:
+            state = self.states.pop(req_id, None)
             if state is not None:
-                self.parked_generators[rid] = state.generator
-        for sr in so.scheduled:
-            if sr.is_new:
-                old = self.states.get(sr.req_id)
-                if old is not None:
-                    gen = old.generator
-                elif sr.req_id in self.parked_generators:
-                    gen = self.parked_generators.pop(sr.req_id)
-                else:
-                    try:
-                        gen = self._make_generator(sr.sampling_params)
-                    except Exception as e:  # noqa: BLE001 - this request fails alone
-                        gen = None
-                        failed[sr.req_id] = f"preparing its sampling failed: {type(e).__name__}: {e}"
-                # A copy of the output so far: from here on the runner appends what it samples (the scheduler's
-                # list may live in another process, or be appended to at another time).
-                self.states[sr.req_id] = CachedRequestState(
-                    sr.req_id, list(sr.new_block_ids), sr.sampling_params, gen, list(sr.output_token_ids),
-                    sr.prompt_token_ids, tuple(sr.eos_token_ids), sr.bad_words_token_ids)
-            elif sr.new_block_ids:
-                self.states[sr.req_id].block_ids.extend(sr.new_block_ids)
+                self.parked_generators[req_id] = state.generator
+        for new in scheduler_output.scheduled_new_reqs:
+            old = self.states.get(new.req_id)  # preempted and resumed within one step
+            if old is not None:
+                generator = old.generator
+            elif new.req_id in self.parked_generators:
+                generator = self.parked_generators.pop(new.req_id)
+            else:
+                try:
+                    generator = make_generator(new.sampling_params.seed, self.device)
+                except Exception as e:  # noqa: BLE001 - this request fails alone
+                    generator = None
+                    failed[new.req_id] = f"preparing its sampling failed: {type(e).__name__}: {e}"
+            # Copies: the runner appends to them, and the scheduler's lists may live in another process.
+            self.states[new.req_id] = CachedRequestState(
+                req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, sampling_params=new.sampling_params,
+                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=list(new.output_token_ids), generator=generator,
+                eos_token_ids=tuple(new.eos_token_ids), bad_words_token_ids=new.bad_words_token_ids)
+        for cached in scheduler_output.scheduled_cached_reqs:
+            state = self.states[cached.req_id]
+            state.num_computed_tokens = cached.num_computed_tokens
+            state.output_token_ids.extend(cached.new_token_ids)
+            state.block_ids.extend(cached.new_block_ids)
         return failed
 
-    def append_sampled(self, states: list[CachedRequestState], token_ids: list[int]) -> None:
-        """Record one sampled token per sampling row, so next step's penalties see it."""
-        for state, tok in zip(states, token_ids):
-            state.output_token_ids.append(tok)
-
-    def _make_generator(self, params: SamplingParams) -> torch.Generator | None:
-        return None if params.seed is None else make_generator(params.seed, self.device)
-
-    def prepare(self, so: SchedulerOutput) -> StepInputs:
-        """Flatten the scheduled requests into positions, slots and a padded block table."""
+    def prepare(self, scheduler_output: SchedulerOutput) -> StepInputs:
+        """Flatten the scheduled requests (in batch order) into token ids, positions, slots and a padded block
+        table; a request samples when this step reaches the end of its tokens."""
         bs = self.block_size
-        reqs = so.scheduled
-        n = len(reqs)
-        num_sched = np.fromiter((len(r.token_ids) for r in reqs), dtype=np.int32, count=n)
-        computed = np.fromiter((r.num_computed_tokens for r in reqs), dtype=np.int32, count=n)
+        states = [self.states[req_id] for req_id in scheduler_output.req_ids]
+        n = len(states)
+        num_sched = np.fromiter((scheduler_output.num_scheduled_tokens[s.req_id] for s in states), dtype=np.int32,
+                                count=n)
+        computed = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int32, count=n)
         qsl = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(num_sched, out=qsl[1:])
         total = int(qsl[-1])
         seq_lens = computed + num_sched
 
         token_ids: list[int] = []
-        for r in reqs:
-            token_ids.extend(r.token_ids)
+        for s, count in zip(states, num_sched.tolist()):
+            token_ids.extend(s.token_ids(s.num_computed_tokens, count))
         # position of each token = its request's computed count + its offset inside the request
         req_idx = np.repeat(np.arange(n, dtype=np.int64), num_sched)
         positions = (np.arange(total, dtype=np.int64) - qsl[:-1].astype(np.int64)[req_idx]
                      + computed.astype(np.int64)[req_idx])
 
-        states = [self.states[r.req_id] for r in reqs]
         max_blocks = max((len(s.block_ids) for s in states), default=1) or 1
         block_table = np.zeros((n, max_blocks), dtype=np.int32)
         for i, s in enumerate(states):
             block_table[i, :len(s.block_ids)] = s.block_ids
         slot_mapping = (block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs)
 
-        sampling_rows = [i for i, r in enumerate(reqs) if r.samples]
+        sampling_rows = [i for i, s in enumerate(states) if seq_lens[i] >= s.num_tokens]
         logits_indices = torch.from_numpy(qsl[1:][sampling_rows].astype(np.int64) - 1)
         return StepInputs(
             input_ids=torch.tensor(token_ids, dtype=torch.int64),
@@ -138,7 +147,7 @@ class InputBatch:
             block_table=block_table,
             slot_mapping=slot_mapping,
             logits_indices=logits_indices,
-            sampling_req_ids=[reqs[i].req_id for i in sampling_rows],
+            sampling_req_ids=[states[i].req_id for i in sampling_rows],
             sampling_states=[states[i] for i in sampling_rows],
             max_query_len=int(num_sched.max()) if n else 0,
             max_seq_len=int(seq_lens.max()) if n else 0,

@@ -31,7 +31,7 @@ class ModelRunner:
         self.device = device
         self.dtype = torch_dtype(config.model_config.dtype)
         self.block_size = config.cache_config.block_size
-        self.input_batch = InputBatch(self.block_size, device, config.model_config.seed)
+        self.input_batch = InputBatch(self.block_size, device)
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
         self.attn_backend = get_attn_backend(
@@ -54,19 +54,19 @@ class ModelRunner:
                                         self.dtype, self.device)
 
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Compute the scheduled tokens and sample one token for each request that reached its end.
 
         Work that belongs to one request (its sampling state, its sampling, its prompt logprobs) fails that request
         alone: it is reported in `ModelRunnerOutput.failed`, and the others sample as they would have. Only a
         failure of the batch's forward pass raises (and ends the engine).
         """
-        failed = self.input_batch.update_states(so)
-        if so.total_num_scheduled_tokens == 0:
+        failed = self.input_batch.update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [], failed=failed)
         if self.pre_execute_hook is not None:
-            self.pre_execute_hook(so)
-        inp = self.input_batch.prepare(so)
+            self.pre_execute_hook(scheduler_output)
+        inp = self.input_batch.prepare(scheduler_output)
         dev = self.device
         qsl_cpu = torch.from_numpy(inp.query_start_loc)
         seq_lens_cpu = torch.from_numpy(inp.seq_lens)
@@ -77,8 +77,8 @@ class ModelRunner:
             seq_lens_cpu=seq_lens_cpu,
             block_table=torch.from_numpy(inp.block_table).to(dev, non_blocking=True),
             slot_mapping=torch.from_numpy(inp.slot_mapping).to(dev, non_blocking=True),
-            num_reqs=so.num_reqs,
-            num_actual_tokens=so.total_num_scheduled_tokens,
+            num_reqs=scheduler_output.num_reqs,
+            num_actual_tokens=scheduler_output.total_num_scheduled_tokens,
             max_query_len=inp.max_query_len,
             max_seq_len=inp.max_seq_len,
             block_size=self.block_size,
@@ -88,19 +88,19 @@ class ModelRunner:
         # them in this very step (prefix caching registers blocks when they are allocated).
         hidden = self.model(inp.input_ids.to(dev, non_blocking=True),
                             inp.positions.to(dev, non_blocking=True), attn_metadata)
-        prompt_logprobs = self._prompt_logprobs(so, inp.query_start_loc, hidden, failed)
+        prompt_logprobs = self._prompt_logprobs(scheduler_output, inp.query_start_loc, hidden, failed)
         rows = [i for i, req_id in enumerate(inp.sampling_req_ids) if req_id not in failed]
         if not rows:
             return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs, failed=failed)
         logits = self.model.compute_logits(hidden[inp.logits_indices.to(dev)])
-        if so.grammar_bitmask is not None:
+        if scheduler_output.grammar_bitmask is not None:
             # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
-            apply_grammar_bitmask(logits, so.grammar_bitmask, so.grammar_req_ids, inp.sampling_req_ids)
+            apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, scheduler_output.grammar_req_ids,
+                                  inp.sampling_req_ids)
         if len(rows) < len(inp.sampling_req_ids):
             logits = logits[torch.tensor(rows, device=dev)]
         states = [inp.sampling_states[i] for i in rows]
         states, sampled, row_logprobs = self._sample(logits, states, failed)
-        self.input_batch.append_sampled(states, sampled)
         return ModelRunnerOutput([s.req_id for s in states], sampled, row_logprobs, prompt_logprobs, failed)
 
     def _sample(self, logits: torch.Tensor, states: list[CachedRequestState], failed: dict[str, str],
@@ -151,7 +151,7 @@ class ModelRunner:
             return sampled, None
         return sampled, _split_logprobs(sampler_output.logprobs, [s.sampling_params.logprobs for s in states])
 
-    def _prompt_logprobs(self, so: SchedulerOutput, query_start_loc: np.ndarray, hidden: torch.Tensor,
+    def _prompt_logprobs(self, scheduler_output: SchedulerOutput, query_start_loc: np.ndarray, hidden: torch.Tensor,
                          failed: dict[str, str]) -> dict[str, tuple[int, TokenLogprobs]] | None:
         """Logprobs of the prompt tokens this step computed, for the requests that asked for `prompt_logprobs`.
 
@@ -161,18 +161,18 @@ class ModelRunner:
         once; should that raise, for each alone, and a request whose own computation raises fails (`failed`).
         """
         wanted: list[tuple[str, int, list[int], int, torch.Tensor]] = []  # (req id, first position, targets, k, rows)
-        for i, sr in enumerate(so.scheduled):
-            state = self.input_batch.states[sr.req_id]
+        for i, req_id in enumerate(scheduler_output.req_ids):
+            state = self.input_batch.states[req_id]
             k = state.sampling_params.prompt_logprobs
-            if k is None or state.output_token_ids or sr.req_id in failed:
+            if k is None or state.output_token_ids or req_id in failed:
                 continue
             prompt = state.prompt_token_ids
-            start = sr.num_computed_tokens
-            end = min(start + len(sr.token_ids), len(prompt) - 1)
+            start = state.num_computed_tokens
+            end = min(start + scheduler_output.num_scheduled_tokens[req_id], len(prompt) - 1)
             if end <= start:
                 continue
             first_row = int(query_start_loc[i])
-            wanted.append((sr.req_id, start, prompt[start + 1:end + 1], k,
+            wanted.append((req_id, start, prompt[start + 1:end + 1], k,
                            torch.arange(first_row, first_row + end - start)))
         if not wanted:
             return None

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from vx.gpu.sampling_metadata import GREEDY_TEMPERATURE_EPS, SamplingMetadata
+from vx.gpu.sampling_metadata import SamplingMetadata
+from vx.sampling_params import GREEDY_TEMPERATURE_EPS
 
 # Smallest q we divide by: Exponential(1) can return exactly 0, and 0/0 would be NaN, which argmax would pick.
 _Q_MIN = torch.finfo(torch.float32).tiny

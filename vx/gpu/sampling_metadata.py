@@ -15,16 +15,16 @@ import torch
 from vx.gpu.logits_processor import LogitsProcessorChain, build_logits_processors
 from vx.sampling_params import SamplingParams
 
-# Temperatures below this are greedy; the same cut-off as `SamplingParams.greedy`, so both sides agree.
-GREEDY_TEMPERATURE_EPS = 1e-5
 
-
-def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    """A fresh generator for one seeded request, on the device the sampler runs on.
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A fresh generator for one seeded request, on the device the sampler runs on; None for an unseeded one
+    (it draws from the device's default generator).
 
     Seeds may be negative (SamplingParams allows any int64); they are folded into uint64 so that
     every valid seed maps to one distinct generator state.
     """
+    if seed is None:
+        return None
     gen = torch.Generator(device=torch.device(device))
     gen.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
     return gen
@@ -48,11 +48,6 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None  # the largest `logprobs` asked for in the batch; None: no row asked
     logits_processors: LogitsProcessorChain | None = None  # applied to every row (greedy too) before temperature
-
-    @property
-    def num_rows(self) -> int:
-        """B, the number of rows that sample."""
-        return self.temperature.shape[0]
 
     @classmethod
     def build(
