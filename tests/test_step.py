@@ -69,8 +69,8 @@ def test_workers_build_the_same_steps_from_the_decoded_plans():
     worker the same inputs, step by step, as the plans handed over in-process."""
     block_size = 4
     kv = KVCacheManager(12, block_size, True)
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=10, max_model_len=64),
-                          CacheConfig(block_size=block_size), kv)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=10),
+                          CacheConfig(block_size=block_size), kv, max_model_len=64)
     for i in range(3):
         scheduler.add_request(Request(f"r{i}", [10 + i] * (7 + 3 * i), SamplingParams(max_tokens=8, seed=i),
                                       eos_token_ids=[0]))
