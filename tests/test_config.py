@@ -135,3 +135,34 @@ def test_the_front_ends_light_config_is_what_the_engine_would_resolve(tiny_model
     it as sent, so it must be the config that the full resolution (through transformers) gives."""
     args = EngineArgs(model=tiny_model_dirs[family], device="cpu", max_num_seqs=3)
     assert decode_config(encode_config(args.create_config(light=True))) == args.create_config()
+
+
+# ----------------------------------------------------------------------------------- the executor it names
+class NotAnExecutor:
+    pass
+
+
+@pytest.mark.parametrize("backend, message", [
+    ("mp", "'mp' is not supported yet"), ("ray", "'ray' is not supported yet"), ("threads", "package.module"),
+    ("tests.test_config", "package.module:ClassName"), ("a b:C", "package.module"), (":C", "package.module"),
+    (None, "package.module"),
+])
+def test_bad_executor_backends_are_refused(tiny_model_dir, backend, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=tiny_model_dir, distributed_executor_backend=backend).validate()
+
+
+def test_the_executor_class_is_the_one_the_config_names(tiny_model_dir):
+    from vx.executor import Executor, UniProcExecutor
+
+    def named(backend: str) -> VxConfig:
+        return EngineArgs(model=tiny_model_dir, device="cpu",
+                          distributed_executor_backend=backend).create_config(light=True)
+
+    assert named("uni").parallel_config.distributed_executor_backend == "uni"
+    assert Executor.get_class(named("uni")) is UniProcExecutor
+    assert Executor.get_class(named("vx.executor:UniProcExecutor")) is UniProcExecutor
+    with pytest.raises(ValueError, match="names no Executor subclass"):
+        Executor.get_class(named(f"{__name__}:NotAnExecutor"))
+    with pytest.raises(ModuleNotFoundError):
+        Executor.get_class(named("no_such_module:Executor"))

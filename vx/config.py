@@ -20,6 +20,9 @@ from vx.attention_backends import ATTENTION_BACKEND_NAMES
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # first come first served; lower `priority` value first
+# The executors DESIGN.md names; only "uni" exists so far. Else "package.module:ClassName", an Executor subclass.
+_EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+_UNSUPPORTED_EXECUTOR_BACKENDS = ("mp", "ray")
 
 DEFAULT_MAX_N_SEQUENCES = 128  # OpenAI's own limit on `n`
 
@@ -102,9 +105,12 @@ class StructuredOutputsConfig(msgspec.Struct, kw_only=True):
 
 
 class ParallelConfig(msgspec.Struct, kw_only=True):
-    """Tensor parallelism (only 1 is supported for now)."""
+    """Tensor parallelism (only 1 is supported for now) and the executor that reaches the workers."""
 
     tensor_parallel_size: int = 1
+    # "uni" (one worker in the engine's process), or "package.module:ClassName" of an `Executor` subclass, imported
+    # in the engine process (`Executor.get_class`): a test's faulty executor, say.
+    distributed_executor_backend: str = "uni"
 
 
 class VxConfig(msgspec.Struct, kw_only=True):
@@ -142,6 +148,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "uni"
     seed: int = 0
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     grammar_cache_memory_bytes: int = _STRUCTURED_DEFAULTS.cache_memory_bytes
@@ -247,7 +254,9 @@ class EngineArgs:
             compile_workers=self.grammar_compile_workers or default_grammar_compile_workers(),
         )
         return VxConfig(model_config=model_config, cache_config=cache, scheduler_config=sched, device_config=dev,
-                        parallel_config=ParallelConfig(tensor_parallel_size=self.tensor_parallel_size),
+                        parallel_config=ParallelConfig(
+                            tensor_parallel_size=self.tensor_parallel_size,
+                            distributed_executor_backend=self.distributed_executor_backend),
                         structured_outputs_config=structured)
 
     def _check_scalars(self) -> None:
@@ -273,6 +282,7 @@ class EngineArgs:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}.")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1.")
+        _check_executor_backend(self.distributed_executor_backend)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}.")
         for name in ("max_n_sequences", "grammar_cache_memory_bytes", "max_grammar_memory_bytes"):
@@ -285,6 +295,18 @@ class EngineArgs:
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+
+
+def _check_executor_backend(backend: Any) -> None:
+    """A known backend name, or the form of a "package.module:ClassName" (imported only in the engine process)."""
+    if backend in _UNSUPPORTED_EXECUTOR_BACKENDS:
+        raise ValueError(f"distributed_executor_backend={backend!r} is not supported yet; use 'uni'.")
+    if backend in _EXECUTOR_BACKENDS:
+        return
+    module, _, name = backend.partition(":") if isinstance(backend, str) else ("", "", "")
+    if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+        raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS} or "
+                         f"'package.module:ClassName' (an Executor subclass), got {backend!r}.")
 
 
 def default_grammar_compile_workers() -> int:

@@ -26,7 +26,7 @@ import zmq
 from vx import platform
 from vx.cache import KVCacheManager
 from vx.config import VxConfig, decode_config
-from vx.executor import Executor, UniProcExecutor
+from vx.executor import Executor
 from vx.core.protocol import (
     EngineCoreOutputs,
     EngineCoreReady,
@@ -52,10 +52,11 @@ _GRAMMAR_WAIT_S = 0.05
 class EngineCore:
     """Schedules requests and runs the model; `step()` = schedule -> execute -> update."""
 
-    def __init__(self, config: VxConfig, executor_class: type[Executor] = UniProcExecutor) -> None:
+    def __init__(self, config: VxConfig, executor_class: type[Executor] | None = None) -> None:
+        """`executor_class` defaults to the one the config names (`distributed_executor_backend`)."""
         t0 = time.perf_counter()
         self.config = config
-        self.executor = executor_class(config)
+        self.executor = (executor_class or Executor.get_class(config))(config)
         num_blocks = self.executor.determine_num_kv_blocks()
         self.executor.initialize_kv_cache(num_blocks)
         cc = config.cache_config

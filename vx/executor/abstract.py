@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 
 from vx.config import VxConfig
@@ -13,6 +14,21 @@ class Executor(ABC):
 
     def __init__(self, config: VxConfig) -> None:
         self.config = config
+
+    @staticmethod
+    def get_class(config: VxConfig) -> type[Executor]:
+        """The executor class that `config.parallel_config.distributed_executor_backend` names ("uni", or
+        "package.module:ClassName", imported here: in the engine process)."""
+        backend = config.parallel_config.distributed_executor_backend
+        if backend == "uni":
+            from vx.executor.uniproc_executor import UniProcExecutor
+
+            return UniProcExecutor
+        module_name, _, class_name = backend.partition(":")
+        cls = getattr(importlib.import_module(module_name), class_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, Executor)):
+            raise ValueError(f"distributed_executor_backend={backend!r} names no Executor subclass.")
+        return cls
 
     @abstractmethod
     def determine_num_kv_blocks(self) -> int: ...
