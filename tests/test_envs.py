@@ -12,9 +12,6 @@ import pytest
 from vx import envs
 
 REPO = Path(__file__).resolve().parents[1]
-# Read directly until a later step injects failing executors instead (issue 12); not declared in envs on purpose.
-_NOT_YET_IN_ENVS = {("vx/core/engine_core.py", "VX_TEST_FAIL_AFTER_STEPS"),
-                    ("vx/core/engine_core.py", "VX_TEST_FAIL_FILE")}
 
 
 def _declared() -> dict[str, envs.EnvVar]:
@@ -46,7 +43,7 @@ def test_no_module_but_envs_names_a_vx_variable():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and re.fullmatch(r"VX_[A-Z0-9_]+", node.value):
                 found.add((rel, node.value))
-    assert found == _NOT_YET_IN_ENVS
+    assert found == set()
 
 
 def test_values_are_read_at_each_call(monkeypatch, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from async_helpers import ENGINE_KWARGS, child_pids, kill_parent_expect_engine_gone, process_gone, wait_until
 
 import vx
-from vx.core.engine_core import TEST_FAIL_AFTER_STEPS_ENV
+from tests.support.faulty_executors import FailAfter5Steps, backend
 
 # A 249-token prompt under a 4-token budget takes 63 steps to prefill: long enough to be caught in the middle.
 LONG_PROMPT = [1 + (i * 7) % 500 for i in range(249)]
@@ -120,11 +120,12 @@ async def test_sigkill_mid_prefill(tiny_model_dir):
 
 
 @pytest.mark.anyio
-async def test_fault_inside_execute_model_mid_prefill(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv(TEST_FAIL_AFTER_STEPS_ENV, "5")  # the 6th model step raises: prefill chunk 6 of 63
+async def test_fault_inside_execute_model_mid_prefill(tiny_model_dir):
+    # The 6th model step raises: prefill chunk 6 of 63.
+    engine_kwargs = dict(PREFILL_ENGINE, distributed_executor_backend=backend(FailAfter5Steps))
     received: list[int] = []
     failures: list = []
-    async with engine_that_dies(tiny_model_dir, PREFILL_ENGINE, exit_grace=2.0) as (llm, _):
+    async with engine_that_dies(tiny_model_dir, engine_kwargs, exit_grace=2.0) as (llm, _):
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 for _ in range(2):  # one prefilling, one waiting behind it

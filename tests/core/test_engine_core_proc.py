@@ -23,8 +23,9 @@ from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds, kill_parent_ex
 import vx
 from vx.client.engine_process import EngineProcess
 from vx.config import EngineArgs
-from vx.core.engine_core import TEST_FAIL_AFTER_STEPS_ENV
 from vx.core.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType as T, UtilityRequest
+
+from tests.support.faulty_executors import FailAfter2Steps, backend
 
 GREEDY = vx.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -196,10 +197,10 @@ def test_graceful_shutdown_cleans_up(engine, caplog):
         engine.raise_if_dead()
 
 
-def test_engine_fault_reaches_the_client_with_its_message(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv(TEST_FAIL_AFTER_STEPS_ENV, "2")
+def test_engine_fault_reaches_the_client_with_its_message(tiny_model_dir):
     before = child_pids()
-    llm = vx.LLM(tiny_model_dir, multiprocess=True, **ENGINE_KWARGS)
+    llm = vx.LLM(tiny_model_dir, multiprocess=True, distributed_executor_backend=backend(FailAfter2Steps),
+                 **ENGINE_KWARGS)
     try:
         with pytest.raises(vx.EngineDeadError, match="injected failure after 2 model steps") as info:
             llm.generate(["a", "b"], GREEDY, use_tqdm=False)

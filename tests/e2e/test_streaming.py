@@ -13,7 +13,7 @@ import pytest
 from async_helpers import ENGINE_KWARGS, child_pids, process_gone
 
 import vx
-from vx.core.engine_core import TEST_FAIL_FILE_ENV
+from tests.support.faulty_executors import FailOnceTriggered, backend, trigger_file
 from vx.sampling_params import RequestOutputKind as Kind
 
 PROMPTS = [f"Request number {i}: {'abcdefghij'[i % 10] * (1 + i % 7)}" for i in range(64)]
@@ -34,9 +34,7 @@ def reference(tiny_model_dir) -> list[tuple[str, list[int]]]:
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.anyio
 async def test_64_concurrent_streams_match_in_process_llm_then_engine_fault(anyio_backend, tiny_model_dir,
-                                                                          reference, tmp_path, monkeypatch):
-    crash_file = tmp_path / "crash"
-    monkeypatch.setenv(TEST_FAIL_FILE_ENV, str(crash_file))  # armed, fires once the file exists
+                                                                          reference):
     before = child_pids()
     texts: dict[int, str] = {}
     token_ids: dict[int, list[int]] = {}
@@ -49,7 +47,10 @@ async def test_64_concurrent_streams_match_in_process_llm_then_engine_fault(anyi
         texts[i] = "".join(o.outputs[0].text for o in outs)
         token_ids[i] = [t for o in outs for t in o.outputs[0].token_ids]
 
-    async with vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS) as llm:
+    # Armed: the engine's executor raises inside execute_model once the trigger file exists.
+    async with vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS,
+                           distributed_executor_backend=backend(FailOnceTriggered)) as llm:
+        crash_file = trigger_file(llm._client.engine.proc.pid)
         async with anyio.create_task_group() as tg:
             for i in range(len(PROMPTS)):
                 tg.start_soon(by_stream if i % 2 == 0 else by_generate, i)
@@ -77,11 +78,12 @@ async def test_64_concurrent_streams_match_in_process_llm_then_engine_fault(anyi
                     tg.start_soon(victim, i)
                 while len(set(started)) < 4:
                     await anyio.sleep(0.01)
-                crash_file.write_text("")
+                open(crash_file, "w").close()
                 crashed_at = time.monotonic()
         assert len(failed) == 4 and max(failed) - crashed_at < 2.0
         with pytest.raises(vx.EngineDeadError, match="injected failure"):
             await llm.complete("after", PARAMS)
+        os.remove(crash_file)
         ipc_dir = llm._client.engine.ipc_dir
         exit_started = time.monotonic()
     assert time.monotonic() - exit_started < 2.0, "leaving `async with` took too long"

@@ -6,7 +6,6 @@ wraps it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -121,13 +120,6 @@ class EngineCore:
 
 
 # ------------------------------------------------------------------------------------ background process
-
-# Test-only fault injection, read in the engine process, never to be set in production: with
-# VX_TEST_FAIL_AFTER_STEPS=N the model execution after N successful ones raises, as a crash inside execute_model
-# would; with VX_TEST_FAIL_FILE=path, the first model execution after that file appears raises (so a test can
-# crash a shared engine when it chooses).
-TEST_FAIL_AFTER_STEPS_ENV = "VX_TEST_FAIL_AFTER_STEPS"
-TEST_FAIL_FILE_ENV = "VX_TEST_FAIL_FILE"
 
 _STOP = object()  # ends the output thread once everything queued before it is sent
 _FAIL = object()  # from the output thread: an output could not be encoded, so the engine must fail
@@ -288,7 +280,6 @@ def run_engine_core_proc(config_bytes: bytes, input_addr: str, output_addr: str,
     try:
         platform.prefer_passive_openmp_wait()  # before decoding the config imports transformers, hence torch
         core = EngineCore(decode_config(config_bytes))
-        _install_test_hooks(core)
     except BaseException as e:  # noqa: BLE001 - report any start-up failure through the handshake
         logger.error("vx engine failed to start: %s", describe_exception(e))
         out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), error=describe_exception(e))))
@@ -324,20 +315,3 @@ def _watch_parent(ipc_dir: str) -> None:
 
     threading.Thread(target=watch, name="vx-parent-watchdog", daemon=True).start()
 
-
-def _install_test_hooks(core: EngineCore) -> None:
-    """Test-only: install the fault injection of `TEST_FAIL_AFTER_STEPS_ENV` / `TEST_FAIL_FILE_ENV` when set."""
-    raw = os.environ.get(TEST_FAIL_AFTER_STEPS_ENV)
-    path = os.environ.get(TEST_FAIL_FILE_ENV)
-    if not raw and not path:
-        return
-    limit = int(raw) if raw else None
-    counter = itertools.count()
-
-    def inject_failure(_scheduler_output: Any) -> None:
-        if limit is not None and next(counter) >= limit:
-            raise RuntimeError(f"injected failure after {limit} model steps ({TEST_FAIL_AFTER_STEPS_ENV})")
-        if path and os.path.exists(path):
-            raise RuntimeError(f"injected failure: {path} exists ({TEST_FAIL_FILE_ENV})")
-
-    core.executor.worker.model_runner.pre_execute_hook = inject_failure  # type: ignore[attr-defined]

@@ -38,8 +38,6 @@ class ModelRunner:
             config.device_config.attention_backend, device.type, dtype=self.dtype,
             block_size=self.block_size, head_dim=config.model_config.head_dim)
         self.kv_caches: list[torch.Tensor] = []
-        # A hook for fault-injection tests: called with the SchedulerOutput before each forward.
-        self.pre_execute_hook = None
 
     def load_model(self) -> None:
         self.model = DefaultModelLoader().load_model(
@@ -64,8 +62,6 @@ class ModelRunner:
         failed = self.input_batch.update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [], failed=failed)
-        if self.pre_execute_hook is not None:
-            self.pre_execute_hook(scheduler_output)
         inp = self.input_batch.prepare(scheduler_output)
         dev = self.device
         qsl_cpu = torch.from_numpy(inp.query_start_loc)
