@@ -6,5 +6,6 @@
   through a paged KV cache;
 - `attention_cases`: random attention steps on shuffled block tables, to compare one backend with another;
 - `engine_processes`: engine arguments for the tiny models, and checks on the processes a test leaves behind;
-- `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket.
+- `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket;
+- `worker_view`: the workers' side of the step contract, for the scheduler tests.
 """
