@@ -46,13 +46,6 @@ RANDOM_MODEL_SHAPES: dict[str, dict[str, Any]] = {
 
 
 # ------------------------------------------------------------------------------------------------- models
-def _add_test_helpers_to_path() -> None:
-    """The tiny tokenizer lives with the tests (tests/client/tiny_tokenizer.py); make it importable."""
-    helper_dir = os.path.join(REPO_ROOT, "tests", "client")
-    if helper_dir not in sys.path:
-        sys.path.append(helper_dir)
-
-
 def bench_cache_dir() -> str:
     """Where built random models are kept: `$VX_CACHE_DIR/bench`, else `~/.cache/vx/bench`."""
     from vx import envs
@@ -74,8 +67,8 @@ def build_random_model(name: str, dirpath: str, seed: int = 0) -> str:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    _add_test_helpers_to_path()
-    from tiny_tokenizer import make_tiny_tokenizer
+    # The tiny tokenizer lives with the tests; the repository root that holds `benchmarks` holds `tests` too.
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
     config = Qwen2Config(**RANDOM_MODEL_SHAPES[name], bos_token_id=0, eos_token_id=0, pad_token_id=0,
                          use_sliding_window=False, initializer_range=0.02)

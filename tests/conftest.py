@@ -35,8 +35,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, str]:
     """family -> directory with config.json, safetensors weights and a byte-level BPE tokenizer."""
-    from tiny_models import make_tiny_model
-    from tiny_tokenizer import make_tiny_tokenizer
+    from tests.support.tiny_models import make_tiny_model
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
     dirs = {}
     for fam in FAMILIES:

@@ -5,18 +5,11 @@ These check that the scripts work and print their comparison, never how fast any
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-from benchmarks import BENCHMARKS, get_main  # noqa: E402
-from benchmarks import run_all  # noqa: E402
-from benchmarks.common import Table, build_random_model, make_workload, percentile, poisson_arrivals  # noqa: E402
+from benchmarks import BENCHMARKS, get_main
+from benchmarks import run_all
+from benchmarks.common import Table, build_random_model, make_workload, percentile, poisson_arrivals
 
 pytestmark = pytest.mark.slow
 

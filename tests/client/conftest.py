@@ -14,7 +14,7 @@ TINY_MODEL_VOCAB = 512  # what the lead's tiny random models use; the tokenizer'
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory) -> str:
     """A directory holding only the tiny byte-level BPE tokenizer."""
-    from tiny_tokenizer import make_tiny_tokenizer
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
     d = tmp_path_factory.mktemp("tiny-tokenizer")
     make_tiny_tokenizer(str(d))

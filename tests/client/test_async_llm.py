@@ -18,7 +18,7 @@ import anyio
 import msgspec
 import psutil
 import pytest
-from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds
+from tests.support.engine_processes import ENGINE_KWARGS, child_pids, cpu_seconds
 
 import vx
 from vx.client.request_stream import RequestStream, merge_delta

@@ -17,7 +17,7 @@ import time
 
 import anyio
 import pytest
-from async_helpers import ENGINE_KWARGS, child_pids, kill_parent_expect_engine_gone, process_gone, wait_until
+from tests.support.engine_processes import ENGINE_KWARGS, child_pids, kill_parent_expect_engine_gone, process_gone, wait_until
 
 import vx
 from tests.support.faulty_executors import FailAfter5Steps, backend

@@ -8,7 +8,7 @@ import os
 import shutil
 
 import pytest
-from async_helpers import ENGINE_KWARGS, child_pids
+from tests.support.engine_processes import ENGINE_KWARGS, child_pids
 
 import vx
 

@@ -13,7 +13,7 @@ import weakref
 
 import anyio
 import pytest
-from async_helpers import child_pids
+from tests.support.engine_processes import child_pids
 
 import vx
 from vx.client.async_llm import AsyncLLM, _abort_lost_stream

@@ -14,7 +14,7 @@ import anyio
 import msgspec
 import pytest
 import zmq
-from async_helpers import ENGINE_KWARGS, child_pids, process_gone
+from tests.support.engine_processes import ENGINE_KWARGS, child_pids, process_gone
 
 import vx
 from vx.client.core_client import AsyncMPClient

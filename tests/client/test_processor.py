@@ -249,7 +249,7 @@ def test_tokenizer_helpers(tokenizer):
 
 
 def test_tiny_tokenizer_is_deterministic(tmp_path, tiny_tokenizer_dir):
-    from tiny_tokenizer import make_tiny_tokenizer
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
     make_tiny_tokenizer(str(tmp_path))
     with open(tmp_path / "tokenizer.json") as a, open(os.path.join(tiny_tokenizer_dir, "tokenizer.json")) as b:

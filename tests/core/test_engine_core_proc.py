@@ -18,7 +18,7 @@ import msgspec
 import psutil
 import pytest
 import zmq
-from async_helpers import ENGINE_KWARGS, child_pids, cpu_seconds, kill_parent_expect_engine_gone, process_gone
+from tests.support.engine_processes import ENGINE_KWARGS, child_pids, cpu_seconds, kill_parent_expect_engine_gone, process_gone
 
 import vx
 from vx.client.engine_process import EngineProcess

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 
 import pytest
-from worker_view import WorkerView
+from tests.support.worker_view import WorkerView
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig

@@ -14,7 +14,7 @@ import random
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from worker_view import WorkerView
+from tests.support.worker_view import WorkerView
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig

@@ -12,7 +12,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
-from worker_view import WorkerView
+from tests.support.worker_view import WorkerView
 
 import vx
 from vx.cache import KVCacheManager

@@ -10,7 +10,7 @@ import time
 
 import anyio
 import pytest
-from async_helpers import ENGINE_KWARGS, child_pids, process_gone
+from tests.support.engine_processes import ENGINE_KWARGS, child_pids, process_gone
 
 import vx
 from tests.support.faulty_executors import FailOnceTriggered, backend, trigger_file

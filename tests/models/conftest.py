@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from tiny_models import make_tiny_model
+
+from tests.support.tiny_models import make_tiny_model
 
 
 @dataclass

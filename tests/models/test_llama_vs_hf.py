@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_utils import PagedRunner
-from tiny_models import FAMILIES
+from tests.support.paged_attention import PagedRunner
+from tests.support.tiny_models import FAMILIES
 
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.kv_cache import bind_kv_caches

@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 import httpx
 import psutil
 import pytest
-from conftest import MODEL, Server, start_server, stop_server
+from tests.support.server import MODEL, Server, start_server, stop_server
 
 TIMEOUT_S = 1.0  # the trusting server's --chat-template-timeout
 START_ALLOWANCE_S = 10.0  # a killed renderer is replaced on the next render: imports take a second or more

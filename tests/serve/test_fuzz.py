@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from async_helpers import ENGINE_KWARGS
+from tests.support.engine_processes import ENGINE_KWARGS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode

@@ -16,7 +16,8 @@ import time
 import httpx
 import psutil
 import pytest
-from conftest import API_KEY, MODEL, connect, metric, read_response, request_head, start_server, stop_server
+from tests.support.server import (API_KEY, MODEL, connect, metric, read_response, request_head, start_server,
+                                  stop_server)
 
 from vx.serve.options import ServerOptions
 

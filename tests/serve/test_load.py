@@ -13,7 +13,7 @@ import time
 import anyio
 import httpx
 import pytest
-from conftest import API_KEY, MODEL, metric, request_head
+from tests.support.server import API_KEY, MODEL, metric, request_head
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 GAUGES = ("vx_num_requests_running", "vx_num_requests_waiting", "vx_kv_blocks_in_use", "vx_requests_in_flight")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, MODEL, metric
+from tests.support.server import API_KEY, MODEL, metric
 
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})
 

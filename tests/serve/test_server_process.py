@@ -15,7 +15,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from conftest import start_server, stop_server
+from tests.support.server import start_server, stop_server
 
 
 def _maps_torch(pid: int) -> bool:

@@ -12,7 +12,7 @@ import json
 import jsonschema
 import openai
 import pytest
-from conftest import MODEL
+from tests.support.server import MODEL
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
            "required": ["city"], "additionalProperties": False}

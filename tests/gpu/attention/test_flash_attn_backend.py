@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attn_cases import compare, make_case  # noqa: E402
-from paged_utils import make_common_metadata  # noqa: E402
-
-from vx.gpu.attention import get_attn_backend  # noqa: E402
-from vx.gpu.attention.flash_attn_backend import FlashAttnBackend  # noqa: E402
-from vx.gpu.attention.torch_backend import TorchAttentionBackend  # noqa: E402
+from tests.support.attention_cases import compare, make_case
+from tests.support.paged_attention import make_common_metadata
+from vx.gpu.attention import get_attn_backend
+from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
+from vx.gpu.attention.torch_backend import TorchAttentionBackend
 
 
 def test_gather_metadata_below_256_token_blocks():

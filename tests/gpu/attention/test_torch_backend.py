@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import math
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.support.paged_attention import make_common_metadata
 from vx.gpu.attention import CommonAttentionMetadata, get_attn_backend
 from vx.gpu.attention.cpu_backend import CpuAttentionBackend
 from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
-from paged_utils import make_common_metadata  # noqa: E402
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 40

@@ -1,8 +1,8 @@
 """Triton paged-attention backend equals the torch backend, plus the backend selector.
 
-CPU: the kernels run under Triton's interpreter in ONE child process (`python this_file
---interpret-worker`) started with TRITON_INTERPRET=1 in its environment. The flag must be set before
-triton is imported, and setting it in the pytest process would leak into every later import of triton
+CPU: the kernels run under Triton's interpreter in ONE child process (`python -m
+tests.gpu.attention.test_triton_backend --interpret-worker`, from the repository root) started with
+TRITON_INTERPRET=1 in its environment. The flag must be set before triton is imported, and setting it in the pytest process would leak into every later import of triton
 (the interpreter replaces compiled kernels process-wide); the child keeps it contained and pays the
 import cost once for all cases. The child prints one JSON line {case: max_abs_err | "error text"}.
 CUDA (`gpu` marker): the same comparison on realistic shapes in bf16/fp32, and the engine end to end.
@@ -20,13 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attn_cases import compare, make_case  # noqa: E402
-
-from vx.gpu.attention import get_attn_backend  # noqa: E402
-from vx.gpu.attention.flash_attn_backend import FlashAttnBackend  # noqa: E402
-from vx.gpu.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from vx.gpu.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from tests.support.attention_cases import compare, make_case
+from vx.gpu.attention import get_attn_backend
+from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
+from vx.gpu.attention.torch_backend import TorchAttentionBackend
+from vx.gpu.attention.triton_backend import TritonAttentionBackend
 
 REPO = Path(__file__).resolve().parents[3]
 F32, F16 = torch.float32, torch.float16
@@ -85,7 +83,8 @@ def _worker() -> None:
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, float | str]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--interpret-worker"],
+    proc = subprocess.run([sys.executable, "-m", "tests.gpu.attention.test_triton_backend",
+                           "--interpret-worker"],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

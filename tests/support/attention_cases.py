@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
-from paged_utils import make_common_metadata  # noqa: E402
-
-from vx.gpu.attention.backend import AttentionBackend, CommonAttentionMetadata  # noqa: E402
+from tests.support.paged_attention import make_common_metadata
+from vx.gpu.attention.backend import AttentionBackend, CommonAttentionMetadata
 
 
 @dataclass

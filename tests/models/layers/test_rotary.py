@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import make_tiny_config
+from tests.support.tiny_models import make_tiny_config
 
 from vx.models.layers.rotary import RotaryEmbedding, compute_inv_freq, get_rope, get_rope_config
 

@@ -1,4 +1,6 @@
-"""Helpers shared by the AsyncLLM / multiprocess-client tests (not fixtures: plain functions)."""
+"""Helpers shared by the tests that start engine processes (AsyncLLM, the multiprocess clients, the engine core,
+the end-to-end streams; not fixtures: plain functions): engine arguments for the tiny models, and checks on the
+processes a test leaves behind."""
 
 from __future__ import annotations
 
@@ -50,7 +52,6 @@ def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
 def cpu_seconds(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return t.user + t.system
-
 
 
 def kill_parent_expect_engine_gone(parent: subprocess.Popen, ipc_root: str) -> None:

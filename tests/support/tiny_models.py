@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face models of each supported family, saved as safetensors (reused by e2e tests).
+"""Tiny random Hugging Face models of each supported family, saved as safetensors (the models tests and the session fixtures in tests/conftest.py).
 
 Weights use a large initializer_range so logits are peaked: greedy decoding is then stable enough to
 compare token for token.

@@ -1,0 +1,11 @@
+"""Plain helpers shared by the tests (fixtures stay in the conftest.py files):
+
+- `tiny_models`: tiny random Hugging Face models of every supported family, saved as safetensors;
+- `tiny_tokenizer`: a tiny deterministic byte-level BPE tokenizer with a ChatML template;
+- `paged_attention`: `CommonAttentionMetadata` for a batch, and `PagedRunner`, which drives a model step by step
+  through a paged KV cache;
+- `attention_cases`: random attention steps on shuffled block tables, to compare one backend with another;
+- `engine_processes`: engine arguments for the tiny models, and checks on the processes a test leaves behind;
+- `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket;
+- `worker_view`: the workers' side of the step contract, for the scheduler tests.
+"""
