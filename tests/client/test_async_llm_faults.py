@@ -18,9 +18,9 @@ import time
 import anyio
 import pytest
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids, kill_parent_expect_engine_gone, process_gone, wait_until
+from tests.support.faulty_executors import FailAfter5Steps, backend
 
 import vx
-from tests.support.faulty_executors import FailAfter5Steps, backend
 
 # A 249-token prompt under a 4-token budget takes 63 steps to prefill: long enough to be caught in the middle.
 LONG_PROMPT = [1 + (i * 7) % 500 for i in range(249)]

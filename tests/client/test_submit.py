@@ -5,7 +5,7 @@ nothing. A failure midway (here: sending the 2nd engine request) aborts what was
 from __future__ import annotations
 
 import pytest
-from async_helpers import ENGINE_KWARGS
+from tests.support.engine_processes import ENGINE_KWARGS
 
 import vx
 from vx.client.output_processor import OutputProcessor

@@ -19,13 +19,12 @@ import psutil
 import pytest
 import zmq
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids, cpu_seconds, kill_parent_expect_engine_gone, process_gone
+from tests.support.faulty_executors import FailAfter2Steps, backend
 
 import vx
 from vx.client.engine_process import EngineProcess
 from vx.config import EngineArgs
 from vx.core.protocol import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType as T, UtilityRequest
-
-from tests.support.faulty_executors import FailAfter2Steps, backend
 
 GREEDY = vx.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 

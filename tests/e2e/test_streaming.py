@@ -11,9 +11,9 @@ import time
 import anyio
 import pytest
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids, process_gone
+from tests.support.faulty_executors import FailOnceTriggered, backend, trigger_file
 
 import vx
-from tests.support.faulty_executors import FailOnceTriggered, backend, trigger_file
 from vx.sampling_params import RequestOutputKind as Kind
 
 PROMPTS = [f"Request number {i}: {'abcdefghij'[i % 10] * (1 + i % 7)}" for i in range(64)]

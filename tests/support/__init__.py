@@ -7,5 +7,7 @@
 - `attention_cases`: random attention steps on shuffled block tables, to compare one backend with another;
 - `engine_processes`: engine arguments for the tiny models, and checks on the processes a test leaves behind;
 - `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket;
-- `worker_view`: the workers' side of the step contract, for the scheduler tests.
+- `worker_view`: the workers' side of the step contract, for the scheduler tests;
+- `faulty_executors`: executors that raise inside `execute_model` (after N steps, or once a file exists), which an
+  engine uses when `distributed_executor_backend` names one.
 """
