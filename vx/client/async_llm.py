@@ -9,6 +9,7 @@ Leaving an `async for` early, in any way, aborts the request in the engine.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -159,18 +160,12 @@ class AsyncLLM:
         params = _with_output_kind(params, RequestOutputKind.DELTA)
         if params.n != 1:
             raise ValueError(f"stream() yields one text, but n={params.n}; use generate() for parallel samples.")
-        stream = self._add_request(prompt, params, request_id, priority)
-        finished = False
-        try:
-            while not finished:
-                output = await stream.get()
-                finished = output.finished
+        # aclosing: leaving this loop early must close (and so abort) the request now, not at garbage collection.
+        async with contextlib.aclosing(self.generate(prompt, params, request_id, priority=priority)) as outputs:
+            async for output in outputs:
                 text = output.outputs[0].text if output.outputs else ""
                 if text:
                     yield text
-        finally:
-            if not finished:
-                self._abort_now(stream)
 
     async def chat(self, messages: list[dict[str, Any]], params: SamplingParams | None = None, *,
                    tools: list[dict[str, Any]] | None = None, chat_template: str | None = None,

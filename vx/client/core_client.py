@@ -79,7 +79,24 @@ def _utility_result(out: UtilityOutput, method: str) -> Any:
     return out.result
 
 
-class SyncMPClient(EngineCoreClient):
+class _EngineProcessClient(EngineCoreClient):
+    """What both multiprocess clients do the same way: send requests and aborts to their `EngineProcess`."""
+
+    engine: EngineProcess
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Send a validated request to the engine without blocking; `EngineDeadError` once it is dead."""
+        self.engine.raise_if_dead()
+        self.engine.send(EngineCoreRequestType.ADD, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Tell the engine to stop these requests and free their blocks; non-blocking, safe from any thread
+        (finalizers included), and a no-op once it is dead (nothing is left to free)."""
+        if request_ids and not self.engine.is_dead:
+            self.engine.send(EngineCoreRequestType.ABORT, list(request_ids))
+
+
+class SyncMPClient(_EngineProcessClient):
     """The engine in a background process, for synchronous callers: `get_output()` blocks for the next output.
 
     The engine process runs with `config` as it is. Any call raises `EngineDeadError` once the engine has died.
@@ -92,16 +109,6 @@ class SyncMPClient(EngineCoreClient):
         self._poller = zmq.Poller()
         self._poller.register(self.engine.output_socket, zmq.POLLIN)
         self._poller.register(self.engine.sentinel, zmq.POLLIN)
-
-    def add_request(self, request: EngineCoreRequest) -> None:
-        """Send a validated request to the engine (non-blocking); `EngineDeadError` once it is dead."""
-        self.engine.raise_if_dead()
-        self.engine.send(EngineCoreRequestType.ADD, request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        """Tell the engine to stop these requests and free their blocks; a no-op once it is dead."""
-        if request_ids and not self.engine.is_dead:
-            self.engine.send(EngineCoreRequestType.ABORT, list(request_ids))
 
     def get_output(self) -> EngineCoreOutputs:
         """The next engine outputs; blocks until the engine sends some (or dies: `EngineDeadError`)."""
@@ -152,7 +159,7 @@ class SyncMPClient(EngineCoreClient):
         self.engine.close()
 
 
-class AsyncMPClient(EngineCoreClient):
+class AsyncMPClient(_EngineProcessClient):
     """The engine in a background process, for async callers on any anyio backend (asyncio, trio).
 
     The constructor blocks (spawn + handshake): run it via `anyio.to_thread`. The owner runs two tasks:
@@ -169,16 +176,6 @@ class AsyncMPClient(EngineCoreClient):
         self._exited = False
 
     # ------------------------------------------------------------------------------------------ requests
-    def add_request(self, request: EngineCoreRequest) -> None:
-        """Send a validated request to the engine without blocking; `EngineDeadError` once it is dead."""
-        self.engine.raise_if_dead()
-        self.engine.send(EngineCoreRequestType.ADD, request)
-
-    def abort_requests(self, request_ids: list[str]) -> None:
-        """Non-blocking and thread-safe; a no-op once the engine is dead (nothing is left to free)."""
-        if request_ids and not self.engine.is_dead:
-            self.engine.send(EngineCoreRequestType.ABORT, list(request_ids))
-
     def get_output(self) -> EngineCoreOutputs:
         """Not available: this client is async (use `get_output_async`)."""
         raise NotImplementedError("AsyncMPClient is async: use get_output_async().")
