@@ -17,3 +17,6 @@ METHOD_CLASSES: Mapping[str, str] = MappingProxyType({
 
 QUANTIZATION_NAMES: tuple[str, ...] = tuple(METHOD_CLASSES)
 """Every value `quantization=` accepts besides None (None: whatever the checkpoint says, else none)."""
+
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto",)
+"""Every value `kv_cache_dtype=` accepts ("auto": the model dtype)."""
