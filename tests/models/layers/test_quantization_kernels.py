@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vx.models.layers.quantization.kernels import Int4Groupwise, Int8PerChannel
+from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise, Int8PerChannel
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
@@ -37,3 +37,14 @@ def test_int8_per_channel_matches_its_float_weight():
     x = torch.randn(5, 96, generator=g)
     torch.testing.assert_close(Int8PerChannel(q, scale).matmul(x), x @ (q.float() * scale[:, None]).T,
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_int8_groupwise_matches_its_float_weight(group):
+    g = torch.Generator().manual_seed(group)
+    q = torch.randint(-128, 128, (40, 96), generator=g, dtype=torch.int8)
+    scale = torch.rand(40, 96 // group, generator=g) * 0.01
+    zero = torch.randn(40, 96 // group, generator=g) * 0.01
+    weight = q.float() * scale.repeat_interleave(group, 1) + zero.repeat_interleave(group, 1)
+    x = torch.randn(5, 96, generator=g)
+    torch.testing.assert_close(Int8Groupwise(q, scale, zero, group).matmul(x), x @ weight.T, rtol=1e-4, atol=1e-4)

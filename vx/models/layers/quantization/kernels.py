@@ -1,11 +1,13 @@
 """The weight-only integer matmuls every quantization method ends in, one place to choose kernels.
 
-Two layouts cover the formats vx loads. `Int4Groupwise` is affine 4-bit with a scale and a zero per group of
+Three layouts cover the formats vx loads. `Int4Groupwise` is affine 4-bit with a scale and a zero per group of
 input features: w[n, k] = q[n, k] * scale[n, k // G] + zero[n, k // G], q in 0..15. GGUF Q4_0, Q4_1 and Q4_K, AWQ
-and GPTQ are exactly this. `Int8PerChannel` is w[n, k] = q[n, k] * scale[n], q in -128..127. Both are packed once
-at load; a matmul never makes a float copy of the weight.
+and GPTQ are exactly this. `Int8Groupwise` is the same with q in -128..127: GGUF Q8_0, Q5_0, Q5_1 and Q5_K (groups
+of 32) and Q6_K (groups of 16) are exactly this. `Int8PerChannel` is w[n, k] = q[n, k] * scale[n]. All are packed
+once at load.
 
 Kernels: torch's own (`_weight_int4pack_mm_for_cpu` / `_weight_int4pack_mm` on CUDA, `_weight_int8pack_mm`).
+`Int8Groupwise.matmul` is a reference for now: it dequantizes the layer's weight per call.
 """
 
 from __future__ import annotations
@@ -74,3 +76,27 @@ class Int8PerChannel:
         scale = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self.q, scale)
         return y.reshape(*shape, self.out_features)
+
+
+class Int8Groupwise:
+    """An affine int8 weight [N, K] with a scale and a zero per group of `group_size` input features."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> None:
+        """`q` [N, K] int8; `scale`, `zero` [N, K / group_size] in the activations' dtype."""
+        n, k = q.shape
+        if q.dtype != torch.int8 or k % group_size or scale.shape != (n, k // group_size) or zero.shape != scale.shape:
+            raise ValueError(f"Int8Groupwise: q {q.dtype} {tuple(q.shape)}, scale {tuple(scale.shape)}, zero "
+                             f"{tuple(zero.shape)} do not fit groups of {group_size}.")
+        self.out_features, self.in_features, self.group_size = n, k, group_size
+        self.q, self.scale, self.zero = q.contiguous(), scale.contiguous(), zero.contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.scale.nbytes + self.zero.nbytes
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] @ W^T -> [..., N], in x's dtype."""
+        groups = self.q.view(self.out_features, -1, self.group_size).to(x.dtype)
+        weight = (groups * self.scale.to(x.dtype)[..., None] + self.zero.to(x.dtype)[..., None]).view(
+            self.out_features, self.in_features)
+        return torch.nn.functional.linear(x, weight)
