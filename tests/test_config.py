@@ -166,3 +166,34 @@ def test_the_executor_class_is_the_one_the_config_names(tiny_model_dir):
         Executor.get_class(named(f"{__name__}:NotAnExecutor"))
     with pytest.raises(ModuleNotFoundError):
         Executor.get_class(named("no_such_module:Executor"))
+
+
+# ------------------------------------------------------------------------------------------ quantization
+def _with_quantization_config(src: str, dst, quant_config: dict) -> str:
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    with open(dst / "config.json") as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = quant_config
+    with open(dst / "config.json", "w") as f:
+        json.dump(cfg, f)
+    return str(dst)
+
+
+@pytest.mark.parametrize("light", [True, False])
+def test_a_checkpoint_quantized_in_an_unknown_way_is_refused_naming_it(tiny_model_dir, tmp_path, light):
+    """Loading such tensors as float weights gives a silently wrong model (an FP8 checkpoint's weights ~480x too
+    large): the config refuses it, in the front end (light) as in the engine, before anything loads."""
+    model = _with_quantization_config(tiny_model_dir, tmp_path / "m", {"quant_method": "bitnet", "bits": 1})
+    with pytest.raises(ValueError, match="quantized with quant_method='bitnet', which vx cannot load"):
+        EngineArgs(model=model, device="cpu").create_config(light=light)
+
+
+def test_quantization_names_are_checked(tiny_model_dir):
+    with pytest.raises(ValueError, match="quantization must be None or one of"):
+        EngineArgs(model=tiny_model_dir, quantization="int3").validate()
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        EngineArgs(model=tiny_model_dir, kv_cache_dtype="int3").validate()
+    assert EngineArgs(model=tiny_model_dir, device="cpu").create_config().quant_config.method is None

@@ -16,6 +16,7 @@ import msgspec
 
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
+from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
@@ -74,6 +75,8 @@ class CacheConfig(msgspec.Struct, kw_only=True):
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    # The KV cache's storage: "auto" (the model dtype) or a smaller one (vx.quantization_methods.KV_CACHE_DTYPES).
+    kv_cache_dtype: str = "auto"
 
 
 class SchedulerConfig(msgspec.Struct, kw_only=True):
@@ -113,6 +116,14 @@ class ParallelConfig(msgspec.Struct, kw_only=True):
     distributed_executor_backend: str = "uni"
 
 
+class QuantConfig(msgspec.Struct, kw_only=True):
+    """How the model's weights are stored: the quantization method (vx.quantization_methods), resolved from the
+    checkpoint's `quantization_config` (whose details the method reads from `ModelConfig.hf_config`), a GGUF file's
+    tensor types, or `quantization=`; None: float weights in the model dtype."""
+
+    method: str | None = None
+
+
 class VxConfig(msgspec.Struct, kw_only=True):
     """Everything the engine needs, checked and resolved."""
 
@@ -122,6 +133,7 @@ class VxConfig(msgspec.Struct, kw_only=True):
     device_config: DeviceConfig
     parallel_config: ParallelConfig = msgspec.field(default_factory=ParallelConfig)
     structured_outputs_config: StructuredOutputsConfig = msgspec.field(default_factory=StructuredOutputsConfig)
+    quant_config: QuantConfig = msgspec.field(default_factory=QuantConfig)
 
 
 _STRUCTURED_DEFAULTS = StructuredOutputsConfig()
@@ -155,6 +167,8 @@ class EngineArgs:
     max_grammar_memory_bytes: int = _STRUCTURED_DEFAULTS.max_grammar_memory_bytes
     grammar_compile_timeout_s: float = _STRUCTURED_DEFAULTS.compile_timeout_s
     grammar_compile_workers: int | None = None  # None: max(2, min(4, cores // 2))
+    quantization: str | None = None  # None: as the checkpoint is (quantized or not); else quantize at load
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> "EngineArgs":
@@ -228,6 +242,7 @@ class EngineArgs:
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
+            kv_cache_dtype=self.kv_cache_dtype,
         )
         if self.num_kv_blocks is not None:
             # +1: block 0 is reserved as the padding block.
@@ -257,7 +272,8 @@ class EngineArgs:
                         parallel_config=ParallelConfig(
                             tensor_parallel_size=self.tensor_parallel_size,
                             distributed_executor_backend=self.distributed_executor_backend),
-                        structured_outputs_config=structured)
+                        structured_outputs_config=structured,
+                        quant_config=QuantConfig(method=resolve_quantization(self.quantization, hf_config)))
 
     def _check_scalars(self) -> None:
         if self.dtype not in _DTYPES:
@@ -267,6 +283,10 @@ class EngineArgs:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got "
                              f"{self.scheduling_policy!r}.")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_NAMES:
+            raise ValueError(f"quantization must be None or one of {QUANTIZATION_NAMES}, got {self.quantization!r}.")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}.")
         if self.attention_backend not in ATTENTION_BACKEND_NAMES:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKEND_NAMES}, "
                              f"got {self.attention_backend!r}.")
@@ -307,6 +327,31 @@ def _check_executor_backend(backend: Any) -> None:
     if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
         raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS} or "
                          f"'package.module:ClassName' (an Executor subclass), got {backend!r}.")
+
+
+def checkpoint_quantization_config(hf_config: Any) -> dict[str, Any] | None:
+    """The checkpoint's `quantization_config` as a dict (None when it has none)."""
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    return dict(qc) if isinstance(qc, dict) else dict(qc.to_dict())
+
+
+def resolve_quantization(requested: str | None, hf_config: Any) -> str | None:
+    """The quantization method the model runs with: the checkpoint's own (its `quantization_config.quant_method`),
+    else `requested` (quantize float weights at load), else None. A method vx cannot load is a `ValueError` naming
+    it: loading its tensors as float weights would give a silently wrong model."""
+    checkpoint = checkpoint_quantization_config(hf_config)
+    if checkpoint is None:
+        return requested
+    method = str(checkpoint.get("quant_method", "")).lower()
+    if method not in QUANTIZATION_NAMES:
+        raise ValueError(f"The checkpoint is quantized with quant_method={method!r}, which vx cannot load; vx loads "
+                         f"{', '.join(QUANTIZATION_NAMES) or 'no quantized checkpoints yet'}.")
+    if requested is not None and requested != method:
+        raise ValueError(f"quantization={requested!r} was asked for, but the checkpoint is quantized with "
+                         f"{method!r}; leave quantization unset to load it as it is.")
+    return method
 
 
 def default_grammar_compile_workers() -> int:

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import torch
 
-from vx.config import VxConfig
+from vx.config import VxConfig, checkpoint_quantization_config
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
@@ -15,6 +15,7 @@ from vx.gpu.input_batch import CachedRequestState, InputBatch
 from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
+from vx.models.layers.quantization import get_quantization_config
 from vx.models.loader import DefaultModelLoader
 from vx.platform import torch_dtype
 from vx.step import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
@@ -40,8 +41,10 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
 
     def load_model(self) -> None:
-        self.model = DefaultModelLoader().load_model(
-            self.model_config.model, self.model_config.hf_config, self.dtype, self.device)
+        mc = self.model_config
+        quant_config = get_quantization_config(self.config.quant_config.method,
+                                               checkpoint_quantization_config(mc.hf_config))
+        self.model = DefaultModelLoader().load_model(mc.model, mc.hf_config, self.dtype, self.device, quant_config)
 
     def kv_cache_bytes_per_block(self) -> int:
         return bytes_per_block(self.model_config, self.block_size, self.dtype, self.attn_backend)

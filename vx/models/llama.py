@@ -18,6 +18,7 @@ from vx.models.layers.activation import SiluAndMul
 from vx.models.layers.attention import Attention
 from vx.models.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vx.models.layers.norm import RMSNorm
+from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope
 from vx.models.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -38,10 +39,13 @@ def _sliding_window(config: Any, layer_idx: int) -> int | None:
 class LlamaMLP(nn.Module):
     """SwiGLU MLP with gate and up projections fused into one matmul."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias,
+                                                       quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, quant_config=quant_config,
+                                           prefix=f"{prefix}.down_proj")
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +56,8 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     """Self-attention block: fused qkv projection, optional q/k norm, rotary, paged attention, o_proj."""
 
-    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         model_type = getattr(config, "model_type", "llama")
         self.head_dim = hf_head_dim(config)
@@ -62,8 +67,9 @@ class LlamaAttention(nn.Module):
         qkv_bias = True if model_type == "qwen2" else attention_bias
         o_bias = False if model_type == "qwen2" else attention_bias
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
-                                          bias=qkv_bias)
-        self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias)
+                                          bias=qkv_bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
+        self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias,
+                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
         self.q_size = self.qkv_proj.q_size
         self.kv_size = self.qkv_proj.kv_size
         self.use_qk_norm = model_type == "qwen3"
@@ -94,10 +100,12 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm decoder layer; the residual add is fused into the next norm."""
 
-    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
+        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)),
+                            quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -117,11 +125,13 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, quant_config: QuantizationConfig | None = None, prefix: str = "model") -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=quant_config,
+                                                   prefix=f"{prefix}.embed_tokens")
         self.rotary_emb = get_rope(config, hf_head_dim(config))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb, quant_config,
+                                                      f"{prefix}.layers.{i}")
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -147,12 +157,14 @@ class LlamaForCausalLM(nn.Module):
     # Checkpoint entries that are derived state, not weights.
     _skip_suffixes = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
-    def __init__(self, hf_config: Any) -> None:
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = hf_config
-        self.model = LlamaModel(hf_config)
+        self.model = LlamaModel(hf_config, quant_config)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size,
+                                      quant_config=None if self.tie_word_embeddings else quant_config,
+                                      prefix="lm_head")
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
 

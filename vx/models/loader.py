@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from vx.models.layers.quantization import QuantizationConfig, process_weights_after_loading
 from vx.models.registry import resolve_model_class
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -68,20 +69,26 @@ def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
 class DefaultModelLoader:
     """Builds the registered model class for the config's architecture and fills it from safetensors."""
 
-    def load_model(self, model_path: str, hf_config: Any, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
-        """Model in `dtype` on `device`, every parameter loaded, in eval mode."""
+    def load_model(self, model_path: str, hf_config: Any, dtype: torch.dtype, device: torch.device | str,
+                   quant_config: QuantizationConfig | None = None) -> nn.Module:
+        """Model in `dtype` on `device`, every parameter loaded and readied by its quantization method, in eval
+        mode."""
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError("The model config names no 'architectures'; cannot pick a model class.")
         model_cls = resolve_model_class(archs[0])
         files = safetensors_files(model_path)
+        if quant_config is not None:
+            quant_config.verify(torch.device(device), dtype)
         with torch.no_grad(), _default_dtype(dtype), torch.device(device):
-            model = model_cls(hf_config)
+            model = model_cls(hf_config, quant_config)
         with torch.no_grad():
             loaded = model.load_weights(iterate_safetensors(files))
         missing = sorted(set(dict(model.named_parameters())) - loaded)
         if missing:
             shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
             raise ValueError(f"Checkpoint in {model_path!r} did not provide these parameters: {shown}.")
+        with torch.no_grad():
+            process_weights_after_loading(model)
         model.requires_grad_(False)
         return model.eval()

@@ -1,20 +1,27 @@
 """Vocabulary-parallel token embedding and LM head.
 
 Each rank holds a contiguous slice of the vocabulary (padded so every rank gets the same row count).
-With TP=1 this is a plain embedding / projection.
+With TP=1 this is a plain embedding / projection. A quantization method that quantizes the table (GGUF files
+do) owns its parameters, its row lookup and its matmul; otherwise the table is a float `weight`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from vx.models.layers.quantization.base_config import EmbeddingMethodBase, QuantizationConfig
+
 
 class VocabParallelEmbedding(nn.Module):
     """Token embedding whose vocabulary rows are split across TP ranks."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, tp_size: int = 1, tp_rank: int = 0) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp_size: int = 1, tp_rank: int = 0,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
@@ -23,9 +30,15 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings_per_partition = -(-num_embeddings // tp_size)
         self.vocab_start = tp_rank * self.num_embeddings_per_partition
         self.vocab_end = min(self.vocab_start + self.num_embeddings_per_partition, num_embeddings)
-        self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim),
-                                   requires_grad=False)
-        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        self.quant_method: EmbeddingMethodBase | None = (
+            quant_config.get_embedding_method(self, prefix) if quant_config is not None else None)
+        if self.quant_method is not None:
+            self.quant_method.create_weights(self, self.num_embeddings_per_partition, embedding_dim,
+                                             torch.get_default_dtype())
+        else:
+            self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim),
+                                       requires_grad=False)
+            self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None) -> None:
         """Copy this rank's vocabulary rows; padding rows (last rank only) are zeroed."""
@@ -42,6 +55,8 @@ class VocabParallelEmbedding(nn.Module):
         if self.tp_size > 1:
             # Would need masking of out-of-shard ids plus an all-reduce; not wired yet.
             raise NotImplementedError("VocabParallelEmbedding with tp_size > 1 is not wired yet.")
+        if self.quant_method is not None:
+            return self.quant_method.embedding(self, input_ids)
         return F.embedding(input_ids, self.weight)
 
     def extra_repr(self) -> str:
@@ -52,8 +67,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Output projection to the vocabulary; may share its weight with the embedding (`tie_weights`)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tp_size: int = 1,
-                 tp_rank: int = 0) -> None:
-        super().__init__(num_embeddings, embedding_dim, tp_size, tp_rank)
+                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+        super().__init__(num_embeddings, embedding_dim, tp_size, tp_rank, quant_config, prefix)
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(torch.zeros(self.num_embeddings_per_partition),
                                                           requires_grad=False)
@@ -61,14 +76,26 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
 
     def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
-        """Share the embedding's weight (tie_word_embeddings): one tensor, loaded once."""
-        self.weight = embedding.weight
+        """Share the embedding's table (tie_word_embeddings): the same tensors and method, loaded and readied
+        once (through the embedding)."""
+        for name in list(self._parameters):
+            if name != "bias":
+                del self._parameters[name]
+        for name, param in embedding.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        self.quant_method = embedding.quant_method
+        self.__dict__["tied_embedding"] = embedding  # a plain reference: not a submodule of the head
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Logits [N, vocab] in float32 for hidden states [N, hidden]."""
         if self.tp_size > 1:
             raise NotImplementedError("ParallelLMHead with tp_size > 1 needs a gather (not wired yet).")
-        logits = F.linear(hidden_states, self.weight, self.bias)
+        if self.quant_method is not None:
+            # A tied head computes from the embedding's state, which the method readied on that module.
+            table = self.__dict__.get("tied_embedding", self)
+            logits = self.quant_method.apply(table, hidden_states, self.bias)
+        else:
+            logits = F.linear(hidden_states, self.weight, self.bias)
         if logits.shape[-1] != self.num_embeddings:
             logits = logits[..., : self.num_embeddings]
         return logits.float()
