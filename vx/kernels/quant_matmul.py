@@ -71,7 +71,8 @@ class QuantMatmulKernel:
     def matmul(self, x: torch.Tensor, w: PackedQuantWeight) -> torch.Tensor:
         """x [M, K] float32 @ W^T -> [M, N] float32."""
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.in_features:
-            raise ValueError(f"matmul: x {x.dtype} {tuple(x.shape)} for a weight of {w.in_features} inputs.")
+            raise ValueError(f"matmul: x {x.dtype} {tuple(x.shape)} for a weight of {w.in_features} inputs "
+                             "(x must be float32 [M, K]).")
         x = x.contiguous()
         y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
         rc = self._fns[w.bits](x.data_ptr(), x.shape[0], w.in_features, w.q.data_ptr(), w.sz.data_ptr(),
