@@ -126,7 +126,7 @@ def test_cpu_runs_the_c_kernel_for_every_layout(monkeypatch):
     """Guard against a silent fallback: with every torch path broken, the layers still multiply on the CPU."""
     for name in ("_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "_convert_weight_to_int4pack_for_cpu"):
         monkeypatch.setattr(torch.ops.aten, name, None, raising=False)
-    monkeypatch.setattr(Int8Groupwise, "_blocks", lambda *a: pytest.fail("fell back"))
+    monkeypatch.setattr(kernels, "_dequantized_blocks", lambda *a: pytest.fail("fell back"))
     for layout in ("int4", "int8g", "int8pc"):
         layer, q, scale, zero, group = _layer(layout, 24, 64, 32, torch.float32, seed=3)
         assert layer.kernel == kernels.VX_CPU
@@ -143,3 +143,14 @@ def test_refuses_groups_that_do_not_fit():
         Int8Groupwise(torch.zeros(16, 48, dtype=torch.int32), torch.ones(16, 3), torch.zeros(16, 3), 16)
     with pytest.raises(ValueError, match="Int8PerChannel"):
         Int8PerChannel(torch.zeros(16, 48, dtype=torch.int8), torch.ones(15))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_per_channel_blocks_the_cuda_path_takes(monkeypatch, dtype):
+    """Int8PerChannel on CUDA multiplies through the blocks of rows (no GPU here: the same function on the CPU)."""
+    monkeypatch.setattr(kernels, "_BLOCK_ELEMENTS", 300)
+    q, scale, _ = random_groupwise(37, 96, 96, 8, seed=4, dtype=dtype)
+    x = torch.randn(5, 96).to(dtype)
+    y = kernels._dequantized_blocks(x, q, scale, None, 96)
+    qd, s = q.double(), scale.double()
+    assert_within_rounding(y, x, qd * s, 2 * UNIT_ROUNDOFF[dtype] * qd.abs() * s.abs())

@@ -12,8 +12,8 @@ Kernels, chosen by measurement (`vx bench quant_matmul`; figures in docs/perform
   ones the C kernel (x converted to float32 and back, exact) measured at least as fast here. Without a C
   compiler (or with VX_CPU_KERNELS=0): torch's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` in x's
   own dtype (exact, slow in float32), and for Int8Groupwise a dequantization in bounded blocks of rows.
-- CUDA: torch's `_weight_int4pack_mm` for Int4Groupwise; `_weight_int8pack_mm` for Int8PerChannel; the blocks of
-  rows for Int8Groupwise. Correct, not tuned: GPU kernels are another issue's work.
+- CUDA: torch's `_weight_int4pack_mm` for Int4Groupwise; the blocks of rows for both int8 layouts (correct, not
+  tuned, and not run here: no GPU was lent to this work; GPU kernels are another issue's).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class Int8PerChannel:
             self._packed = self._vx.pack(q, scale[:, None], torch.zeros_like(scale[:, None]), self.in_features,
                                          bits=8)
             return
-        self.kernel = TORCH_INT8PACK
+        self.kernel = TORCH_INT8PACK if q.device.type == "cpu" else TORCH_BLOCKS
         self._q, self._scale = q.contiguous(), scale.contiguous()
 
     @property
@@ -129,6 +129,8 @@ class Int8PerChannel:
         """x [..., K] @ W^T -> [..., N], in x's dtype."""
         if self._vx is not None:
             return _vx_cpu_matmul(self._vx, self._packed, x)
+        if self.kernel == TORCH_BLOCKS:
+            return _dequantized_blocks(x, self._q, self._scale[:, None], None, self.in_features)
         shape = x.shape[:-1]
         scale = self._scale if self._scale.dtype == x.dtype else self._scale.to(x.dtype)
         y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features), self._q, scale)
@@ -164,16 +166,20 @@ class Int8Groupwise:
         """x [..., K] @ W^T -> [..., N], in x's dtype."""
         if self._vx is not None:
             return _vx_cpu_matmul(self._vx, self._packed, x)
-        return self._blocks(x)
+        return _dequantized_blocks(x, self._q, self._scale, self._zero, self.group_size)
 
-    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """The torch path: dequantize `_BLOCK_ELEMENTS` weights' worth of rows at a time into x's dtype."""
-        n, k, g = self.out_features, self.in_features, self.group_size
-        rows = max(1, _BLOCK_ELEMENTS // k)
-        out = x.new_empty(*x.shape[:-1], n)
-        for n0 in range(0, n, rows):
-            n1 = min(n, n0 + rows)
-            q = self._q[n0:n1].view(n1 - n0, k // g, g).to(x.dtype)
-            w = q * self._scale[n0:n1, :, None].to(x.dtype) + self._zero[n0:n1, :, None].to(x.dtype)
-            out[..., n0:n1] = F.linear(x, w.view(n1 - n0, k))
-        return out
+
+def _dequantized_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                        group_size: int) -> torch.Tensor:
+    """The torch path of the int8 layouts: dequantize `_BLOCK_ELEMENTS` weights' worth of rows at a time into x's
+    dtype and multiply, so memory stays bounded whatever the layer's size."""
+    n, k = q.shape
+    rows = max(1, _BLOCK_ELEMENTS // k)
+    out = x.new_empty(*x.shape[:-1], n)
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        w = q[n0:n1].view(n1 - n0, k // group_size, group_size).to(x.dtype) * scale[n0:n1, :, None].to(x.dtype)
+        if zero is not None:
+            w += zero[n0:n1, :, None].to(x.dtype)
+        out[..., n0:n1] = F.linear(x, w.view(n1 - n0, k))
+    return out
