@@ -33,6 +33,7 @@ QUICK: list[tuple[str, list[str]]] = [
     ("throughput", ["--num-requests", "16", "--max-prompt-len", "128", "--max-output-len", "32",
                     "--hf-batch-sizes", "8,16", "--hf-probe-tokens", "8"]),
     ("decode_step", ["--batch", "16", "--context", "128", "--steps", "4"]),
+    ("quant_matmul", ["--shapes", "qkv,down,lm_head", "--batches", "1,8", "--rounds", "3"]),
     ("prefix_caching", ["--num-requests", "4", "--prefix-len", "128", "--suffix-len", "8", "--output-len", "4"]),
     ("streaming", ["--num-requests", "8", "--rate", "0.5", "--output-len", "16"]),
     ("async_overhead", ["--num-requests", "8", "--sequential", "2", "--output-len", "16"]),
@@ -44,12 +45,13 @@ FULL: list[tuple[str, list[str]]] = [
     ("throughput", []),
     ("throughput", ["--model", "qwen2.5-0.5b-random"]),
     ("decode_step", []),
+    ("quant_matmul", []),
     ("prefix_caching", ["--full"]),
     ("streaming", ["--num-requests", "64", "--rate", "1"]),
     ("async_overhead", []),
     ("startup", ["--runs", "3"]),
 ]
-MODEL_FREE = {"engine_overhead"}
+MODEL_FREE = {"engine_overhead", "quant_matmul"}
 
 
 class _Tee(io.TextIOBase):

@@ -47,7 +47,8 @@ VX_CACHE_DIR: EnvVar[str] = EnvVar(
 
 VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "VX_CPU_KERNELS", "1", _switch,
-    "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`")
+    "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`; "
+    "quantized weights multiply through torch's slower ops")
 
 VX_API_KEY: EnvVar[str | None] = EnvVar(
     "VX_API_KEY", "", _optional,

@@ -109,3 +109,13 @@ def test_decode_step(micro_model, capsys):
                              "--backends", "torch,cpu", "--profile"])
     out = capsys.readouterr().out
     assert "Decode step" in out and "| cpu " in out and "| torch " in out and "torch.profiler" in out
+
+
+def test_quant_matmul(capsys):
+    get_main("quant_matmul")(["--shapes", "o", "--batches", "1,3", "--rounds", "1", "--pass-s", "0.001",
+                              "--cold-mib", "1", "--group-size", "64"])
+    out = capsys.readouterr().out
+    for layout in ("int4 groupwise", "int8 groupwise", "int8 per channel"):
+        assert f"{layout}" in out
+    assert "float F.linear" in out and "vx chosen" in out and "torch int4pack" in out and "| err " in out
+    assert "torch threads" in out  # the machine is named

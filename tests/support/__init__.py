@@ -9,5 +9,7 @@
 - `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket;
 - `worker_view`: the workers' side of the step contract, for the scheduler tests;
 - `faulty_executors`: executors that raise inside `execute_model` (after N steps, or once a file exists), which an
-  engine uses when `distributed_executor_backend` names one.
+  engine uses when `distributed_executor_backend` names one;
+- `quant_matmul`: random weight-only quantized layers, their float64 weight, and the rounding bound a quantized
+  matmul must meet against it.
 """

@@ -1,36 +1,25 @@
-"""vx's C kernels for the CPU, compiled on first use with the machine's C compiler and loaded through ctypes.
+"""The CPU attention backend's C kernel (`csrc/paged_decode.c`), built on first use by `vx.kernels.build`.
 
-A kernel is built once per machine (`-O3 -march=native`, OpenMP) into `$VX_CACHE_DIR/kernels/`, named by a
-hash of its source, the compiler and the CPU's flags, so a shared cache never serves a binary built for
-another CPU. Without a compiler, or when the build fails, `load_paged_decode_kernel()` returns None and the
-caller keeps its pure-PyTorch path. `VX_CPU_KERNELS=0` turns the kernels off.
+Without a compiler, when the build fails, or with `VX_CPU_KERNELS=0`, `load_paged_decode_kernel()` returns None
+and the caller keeps its pure-PyTorch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from vx import envs
-from vx.platform import cpu_flags
+from vx.kernels.build import load_library
 
-logger = logging.getLogger(__name__)
-
-_CSRC = Path(__file__).with_name("csrc")
+_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 # -ffast-math lets gcc vectorize the exponentials (glibc's libmvec) and reassociate the dot products. It is
-# given to the compile step only: linked with it, gcc adds crtfastmath.o, whose constructor switches the whole
-# process to flush-to-zero (subnormal floats become 0 in torch, numpy and everything else).
-_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11"]
-_LDFLAGS = ["-shared", "-fopenmp"]
+# given to the compile step only (vx.kernels.build links without it: crtfastmath.o would switch the whole
+# process to flush-to-zero).
+_CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11")
+_LIBS = ("-lmvec", "-lm")
 
 
 class PagedDecodeKernel:
@@ -69,50 +58,5 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode_kernel() -> PagedDecodeKernel | None:
     """The paged decode kernel, built if needed; None when kernels are off or cannot be built here."""
-    if not envs.VX_CPU_KERNELS.get():
-        return None
-    lib_path = _build("paged_decode")
-    if lib_path is None:
-        return None
-    try:
-        return PagedDecodeKernel(ctypes.CDLL(str(lib_path)))
-    except OSError as e:
-        logger.warning("vx: could not load the CPU attention kernel (%s); using the PyTorch path.", e)
-        return None
-
-
-def _build(name: str) -> Path | None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        logger.info("vx: no C compiler found; CPU attention uses the PyTorch path.")
-        return None
-    source = (_CSRC / f"{name}.c").read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *_CFLAGS, *_LDFLAGS]).encode() + _compiler_version(compiler)
-                         + " ".join(cpu_flags()).encode()).hexdigest()[:16]
-    cache_dir = Path(envs.VX_CACHE_DIR.get()) / "kernels"
-    target = cache_dir / f"{name}-{key}.so"
-    if target.exists():
-        return target
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        # Build beside the target, then rename: concurrent processes never load a half-written library.
-        with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-            tmp_obj, tmp_lib = Path(tmp) / f"{name}.o", Path(tmp) / target.name
-            subprocess.run([compiler, *_CFLAGS, "-c", str(_CSRC / f"{name}.c"), "-o", str(tmp_obj)],
-                           check=True, capture_output=True, timeout=120)
-            subprocess.run([compiler, *_LDFLAGS, str(tmp_obj), "-o", str(tmp_lib), "-lmvec", "-lm"],
-                           check=True, capture_output=True, timeout=120)
-            os.replace(tmp_lib, target)
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = getattr(e, "stderr", b"") or b""
-        logger.warning("vx: building the CPU attention kernel failed (%s %s); using the PyTorch path.", e,
-                       detail.decode(errors="replace")[-500:])
-        return None
-    return target
-
-
-def _compiler_version(compiler: str) -> bytes:
-    try:
-        return subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return b""
+    lib = load_library(_SOURCE, _CFLAGS, _LIBS, "CPU attention kernel")
+    return None if lib is None else PagedDecodeKernel(lib)
