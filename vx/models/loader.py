@@ -80,6 +80,7 @@ class DefaultModelLoader:
         files = safetensors_files(model_path)
         if quant_config is not None:
             quant_config.verify(torch.device(device), dtype)
+            quant_config.packed_modules_mapping = getattr(model_cls, "packed_modules_mapping", {})
         with torch.no_grad(), _default_dtype(dtype), torch.device(device):
             model = model_cls(hf_config, quant_config)
         with torch.no_grad():
