@@ -18,7 +18,7 @@ from vx.models.layers.linear import LinearBase
 from vx.models.layers.quantization import get_quantization_config
 from vx.models.loader import DefaultModelLoader
 
-NUM_BLOCKS, BLOCK_SIZE = 64, 4
+BLOCK_SIZE = 4
 
 
 def prompts(n: int = 8, vocab: int = 400, seed: int = 7) -> list[list[int]]:
@@ -40,8 +40,9 @@ def prefill_logits(model: torch.nn.Module, token_lists: list[list[int]],
                    dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """float32 logits [len, vocab] of every prompt, all prefilled in one batch through the paged torch backend."""
     backend = get_attn_backend("torch", "cpu")
-    bind_kv_caches(model, backend, NUM_BLOCKS, BLOCK_SIZE, dtype, "cpu")
-    runner = PagedRunner(model, backend, NUM_BLOCKS, BLOCK_SIZE)
+    num_blocks = sum(-(-len(tokens) // BLOCK_SIZE) for tokens in token_lists)
+    bind_kv_caches(model, backend, num_blocks, BLOCK_SIZE, dtype, "cpu")
+    runner = PagedRunner(model, backend, num_blocks, BLOCK_SIZE)
     for i, tokens in enumerate(token_lists):
         runner.add(str(i), tokens)
     out = runner.step({str(i): len(tokens) for i, tokens in enumerate(token_lists)})
@@ -72,3 +73,11 @@ def linear_weight_bytes(model: torch.nn.Module) -> int:
             total += packed.nbytes
         total += sum(p.nbytes for name, p in module.named_parameters(recurse=False) if name != "bias")
     return total
+
+
+def logits_difference(model_a: torch.nn.Module, model_b: torch.nn.Module,
+                      token_lists: list[list[int]] | None = None) -> tuple[float, float]:
+    """(largest absolute logits difference, largest |logit| of model_b) over the prompts' prefills."""
+    token_lists = token_lists or prompts()
+    a, b = prefill_logits(model_a, token_lists), prefill_logits(model_b, token_lists)
+    return (max(float((x - y).abs().max()) for x, y in zip(a, b)), max(float(y.abs().max()) for y in b))

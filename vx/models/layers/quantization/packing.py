@@ -79,7 +79,8 @@ class PackedLinearMethod(LinearMethodBase):
         if not hasattr(layer, "quant_weight"):
             raise RuntimeError(f"{layer.prefix}: the weights were not readied (process_weights_after_loading).")
         perm = getattr(layer, "input_perm", None)
-        y = layer.quant_weight.matmul(x if perm is None else x.index_select(-1, perm))
+        # torch's packed matmuls want a contiguous input (a no-op for the usual one).
+        y = layer.quant_weight.matmul(x.contiguous() if perm is None else x.index_select(-1, perm))
         return y if bias is None else y + bias
 
 
