@@ -40,9 +40,9 @@ Tensors = dict[str, torch.Tensor]
 Quantizer = Callable[[torch.Tensor, str], tuple[Tensors, torch.Tensor]]
 
 
-def make_float_model(dirpath: str | os.PathLike, family: str = "llama", seed: int = 0) -> str:
+def make_float_model(dirpath: str | os.PathLike, family: str = "llama", seed: int = 0, **overrides: Any) -> str:
     """A tiny float32 model of `family` whose linear layers take every tested group size, with a tokenizer."""
-    path = make_tiny_model(family, dirpath, seed=seed, **QUANT_MODEL_OVERRIDES)
+    path = make_tiny_model(family, dirpath, seed=seed, **{**QUANT_MODEL_OVERRIDES, **overrides})
     make_tiny_tokenizer(path)
     return path
 
