@@ -109,3 +109,11 @@ def test_decode_step(micro_model, capsys):
                              "--backends", "torch,cpu", "--profile"])
     out = capsys.readouterr().out
     assert "Decode step" in out and "| cpu " in out and "| torch " in out and "torch.profiler" in out
+
+
+def test_hf_quantization(micro_model, capsys):
+    get_main("hf_quantization")(["--model", micro_model, "--prompts", "2", "--rounds", "1", "--e2e-rounds", "1",
+                                 "--decode-tokens", "4"])
+    out = capsys.readouterr().out
+    assert "int4 (shipped: groups of 32)" in out and "fp8 -> int8 per channel" in out
+    assert "Batch-1 decode through the engine" in out and "vs float" in out
