@@ -120,8 +120,8 @@ def _error(got: list[Any], ref: list[Any]) -> tuple[float, float]:
     return (diff / norm) ** 0.5, agree / total if total else float("nan")
 
 
-def memory_and_error(model_dir: str, dtype: Any, token_lists: list[list[int]]) -> dict[str, Any]:
-    """Table 1; returns the float model (for the matmul table)."""
+def memory_and_error(model_dir: str, dtype: Any, token_lists: list[list[int]]) -> None:
+    """Table 1."""
     from tests.support.vx_outputs import linear_weight_bytes, load_vx
 
     table = Table("Linear-layer weights and logits error vs the float model",
@@ -155,7 +155,6 @@ def memory_and_error(model_dir: str, dtype: Any, token_lists: list[list[int]]) -
                        "from the float weights rounded to per-channel e4m3; *: groups of 64 in layers whose input "
                        "features 128 does not divide.")
     table.print()
-    return float_model
 
 
 def _fp8_variant(float_model: Any) -> Any:
@@ -224,7 +223,7 @@ def decode(model_dir: str, dtype: str, rounds: int, tokens: int) -> None:
         for name in samples:
             before = {p.pid for p in psutil.Process().children(recursive=True)}
             llm = vx.LLM(model_dir, multiprocess=True, dtype=dtype, device="cpu", num_kv_blocks=256,
-                         quantization=None if name == "float" else name)
+                         max_model_len=1024, quantization=None if name == "float" else name)
             try:
                 engine = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
                           and "resource_tracker" not in " ".join(p.cmdline())]
@@ -255,7 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the matmul timing")
     ap.add_argument("--e2e-rounds", type=int, default=3, help="interleaved rounds of the engine decode (0: skip)")
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--tables", default="error,matmul,decode", help="which tables to make (comma-separated)")
     args = ap.parse_args(argv)
+    tables = set(args.tables.split(","))
     quiet_logs()
     set_threads(args.threads)
     import torch
@@ -266,10 +267,13 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     token_lists = [tokenizer(s)["input_ids"] for s in SENTENCES[:args.prompts]]
     print(f"model {model_label(args.model, model_dir)}, {args.dtype}, {torch.get_num_threads()} threads\n")
-    float_model = memory_and_error(model_dir, dtype, token_lists)
-    matmul_times(float_model, dtype, args.rounds)
-    del float_model
-    if args.e2e_rounds:
+    if "error" in tables:
+        memory_and_error(model_dir, dtype, token_lists)
+    if "matmul" in tables:
+        from tests.support.vx_outputs import load_vx
+
+        matmul_times(load_vx(model_dir, dtype), dtype, args.rounds)
+    if "decode" in tables and args.e2e_rounds:
         decode(model_dir, args.dtype, args.e2e_rounds, args.decode_tokens)
 
 
