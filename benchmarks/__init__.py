@@ -19,6 +19,8 @@ BENCHMARKS: dict[str, str] = {
     "streaming": "TTFT and inter-token latency percentiles under Poisson arrivals, AsyncLLM vs in-process",
     "async_overhead": "TTFT and per-token latency of AsyncLLM over the process boundary vs the in-process engine",
     "startup": "time from AsyncLLM(...) to the first streamed token of a fresh engine (default model)",
+    "hf_quantization": "int8/int4 at load and FP8 layouts vs the float path: weight bytes, logits error, matmul and "
+                       "decode speed, engine RSS",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
 }

@@ -50,6 +50,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("streaming", ["--num-requests", "64", "--rate", "1"]),
     ("async_overhead", []),
     ("startup", ["--runs", "3"]),
+    ("hf_quantization", []),
 ]
 MODEL_FREE = {"engine_overhead", "quant_matmul"}
 

@@ -12,6 +12,13 @@ from types import MappingProxyType
 from typing import Mapping
 
 METHOD_CLASSES: Mapping[str, str] = MappingProxyType({
+    # Hugging Face quantized checkpoints, named by their quantization_config.quant_method.
+    "awq": "vx.models.layers.quantization.awq:AWQConfig",
+    "gptq": "vx.models.layers.quantization.gptq:GPTQConfig",
+    "fp8": "vx.models.layers.quantization.fp8:Fp8Config",
+    # A float checkpoint quantized at load.
+    "int8": "vx.models.layers.quantization.weight_only:Int8Config",
+    "int4": "vx.models.layers.quantization.weight_only:Int4Config",
 })
 """Method name -> "module:class" of its `QuantizationConfig`."""
 

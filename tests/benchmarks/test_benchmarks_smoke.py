@@ -119,3 +119,11 @@ def test_quant_matmul(capsys):
         assert f"{layout}" in out
     assert "float F.linear" in out and "vx chosen" in out and "torch int4pack" in out and "| err " in out
     assert "torch threads" in out  # the machine is named
+
+
+def test_hf_quantization(micro_model, capsys):
+    get_main("hf_quantization")(["--model", micro_model, "--prompts", "2", "--rounds", "1", "--e2e-rounds", "1",
+                                 "--decode-tokens", "4"])
+    out = capsys.readouterr().out
+    assert "int4 (shipped: groups of 32)" in out and "fp8 -> int8 per channel" in out
+    assert "Batch-1 decode through the engine" in out and "vs float" in out

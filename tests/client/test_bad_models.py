@@ -89,3 +89,52 @@ async def test_unsupported_architecture_through_async_llm(anyio_backend, tiny_mo
         async with llm:
             pass
     assert child_pids() <= before
+
+
+# ------------------------------------------------------------------------------------------ quantized checkpoints
+def _awq_checkpoint(tiny_model_dir: str, tmp_path, **config) -> str:
+    from tests.support.quantized_checkpoints import awq, quantized_pair
+
+    quant_dir, _ = quantized_pair(tiny_model_dir, tmp_path, awq(32), {
+        "quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm", **config})
+    return quant_dir
+
+
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_a_quantized_checkpoint_vx_cannot_read_is_refused_at_load(tiny_model_dir, tmp_path, multiprocess):
+    """The front end knows the method (awq) but not its variant (3-bit): the engine refuses as it loads, and
+    nothing of it is left."""
+    path = _awq_checkpoint(tiny_model_dir, tmp_path, bits=3)
+    before = child_pids()
+    error = vx.EngineDeadError if multiprocess else ValueError
+    with pytest.raises(error, match="AWQ with 3-bit weights is not supported"):
+        vx.LLM(path, multiprocess=multiprocess, **ENGINE_KWARGS)
+    assert child_pids() <= before
+
+
+@pytest.mark.parametrize("checkpoint, configured, message", [
+    ({"quant_method": "bitnet", "bits": 1}, None,
+     "quantized with quant_method='bitnet', but the engine was configured to load it with quantization=None"),
+    (None, "gptq", "quantized with quant_method='awq', but the engine was configured to load it with "
+                   "quantization='gptq'"),
+])
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_the_engine_refuses_a_config_made_elsewhere_that_disagrees_with_the_checkpoint(
+        tiny_model_dir, tmp_path, checkpoint, configured, message, multiprocess):
+    """EngineArgs resolves the method from the checkpoint; a VxConfig made otherwise can disagree with it, and the
+    engine then refuses at load instead of reading quantized tensors some other way."""
+    import msgspec
+
+    from vx.client.llm_engine import LLMEngine
+    from vx.config import EngineArgs, QuantConfig
+
+    path = _awq_checkpoint(tiny_model_dir, tmp_path)
+    config = EngineArgs(model=path, **ENGINE_KWARGS).create_config()
+    if checkpoint is not None:
+        config.model_config.hf_config.quantization_config = checkpoint
+    config = msgspec.structs.replace(config, quant_config=QuantConfig(method=configured))
+    before = child_pids()
+    error = vx.EngineDeadError if multiprocess else ValueError
+    with pytest.raises(error, match=message):
+        LLMEngine(config, multiprocess=multiprocess)
+    assert child_pids() <= before

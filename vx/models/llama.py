@@ -146,6 +146,14 @@ class LlamaModel(nn.Module):
         return hidden_states
 
 
+def _packed_modules(stacked_params: list[tuple[str, str, str | int]]) -> dict[str, tuple[str, ...]]:
+    """Fused layer name -> the checkpoint modules it fuses, in shard order."""
+    mapping: dict[str, tuple[str, ...]] = {}
+    for fused, ckpt, _ in stacked_params:
+        mapping[fused] = mapping.get(fused, ()) + (ckpt,)
+    return mapping
+
+
 class LlamaForCausalLM(nn.Module):
     """Causal LM head on `LlamaModel`; serves LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM."""
 
@@ -154,6 +162,8 @@ class LlamaForCausalLM(nn.Module):
         ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
         ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
     ]
+    # For quantization configs whose module lists name checkpoint modules (QuantizationConfig.packed_modules_mapping).
+    packed_modules_mapping = _packed_modules(_stacked_params)
     # Checkpoint entries that are derived state, not weights.
     _skip_suffixes = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import json
 import os
+import sys
 from typing import Any, Iterator
 
 import torch
@@ -80,6 +82,7 @@ class DefaultModelLoader:
         files = safetensors_files(model_path)
         if quant_config is not None:
             quant_config.verify(torch.device(device), dtype)
+            quant_config.packed_modules_mapping = getattr(model_cls, "packed_modules_mapping", {})
         with torch.no_grad(), _default_dtype(dtype), torch.device(device):
             model = model_cls(hf_config, quant_config)
         with torch.no_grad():
@@ -90,5 +93,19 @@ class DefaultModelLoader:
             raise ValueError(f"Checkpoint in {model_path!r} did not provide these parameters: {shown}.")
         with torch.no_grad():
             process_weights_after_loading(model)
+        _release_freed_heap()
         model.requires_grad_(False)
         return model.eval()
+
+
+def _release_freed_heap() -> None:
+    """Hand the heap pages that loading freed back to the OS (glibc's malloc_trim; elsewhere nothing).
+
+    Quantizing at load frees each layer's float weight and temporaries, but glibc keeps freed heap pages mapped:
+    measured on the default model, the process kept ~180 MiB more after `quantization="int4"` (686 vs 504 MiB)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass

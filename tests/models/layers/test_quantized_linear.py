@@ -142,3 +142,12 @@ def test_an_unknown_method_is_refused_naming_it():
     with pytest.raises(ValueError, match="Quantization method 'bitnet' is not supported"):
         get_quantization_config("bitnet", {"quant_method": "bitnet"})
     assert get_quantization_config(None, None) is None
+
+
+def test_a_checkpoint_and_a_method_that_disagree_are_refused_naming_both():
+    with pytest.raises(ValueError, match="quant_method='awq', but the engine was configured to load it with "
+                                         "quantization=None"):
+        get_quantization_config(None, {"quant_method": "awq", "bits": 4})
+    with pytest.raises(ValueError, match="quant_method='gptq', but .* quantization='int8'"):
+        get_quantization_config("int8", {"quant_method": "gptq"})
+    assert get_quantization_config("int8", None).name == "int8"

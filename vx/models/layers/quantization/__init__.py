@@ -29,10 +29,21 @@ def get_quantization_config_class(name: str) -> type[QuantizationConfig]:
 
 def get_quantization_config(name: str | None, checkpoint_config: dict[str, Any] | None) -> QuantizationConfig | None:
     """The quantization of a model: method `name` (resolved by the engine config), read from the checkpoint's
-    `quantization_config` when it has one; None for a float model."""
-    if name is None:
+    `quantization_config` when it has one; None for a float model.
+
+    The two must agree: the engine loads what the config says even when the config was made elsewhere than by
+    `EngineArgs` (which resolves `name` from the checkpoint), and a quantized checkpoint read as float weights, or
+    as another method's, would be a silently wrong model. A disagreement is a `ValueError` naming both."""
+    cls = get_quantization_config_class(name) if name is not None else None
+    checkpoint_method = str(checkpoint_config.get("quant_method", "")).lower() if checkpoint_config else None
+    if checkpoint_method is not None and checkpoint_method != name:
+        loads = ", ".join(METHOD_CLASSES) or "none"
+        raise ValueError(f"The checkpoint is quantized with quant_method={checkpoint_method!r}, but the engine was "
+                         f"configured to load it with quantization={name!r} (vx's methods: {loads}; leave quantization "
+                         f"unset to load a checkpoint as it says).")
+    if cls is None:
         return None
-    return get_quantization_config_class(name).from_config(dict(checkpoint_config or {}))
+    return cls.from_config(dict(checkpoint_config or {}))
 
 
 def process_weights_after_loading(model: torch.nn.Module) -> None:

@@ -5,7 +5,8 @@ computes with them (vLLM's `QuantizationConfig` / `LinearMethodBase` split)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -53,6 +54,9 @@ class QuantizationConfig(ABC):
     """One checkpoint's quantization: which layers are quantized, and with what method."""
 
     name: ClassVar[str]
+    packed_modules_mapping: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+    """Fused layer name -> the checkpoint modules it fuses ("qkv_proj" -> q/k/v_proj): the model class's, set by the
+    loader before the model is built, so that a list of checkpoint module names reaches the fused layers."""
 
     @classmethod
     @abstractmethod
@@ -78,3 +82,25 @@ def set_weight_attrs(param: torch.Tensor, attrs: dict[str, Any]) -> None:
     output / input features; None: it does not split), `weight_loader`, and any method-specific facts."""
     for key, value in attrs.items():
         setattr(param, key, value)
+
+
+def checkpoint_module_names(prefix: str, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The checkpoint's names for the layer `prefix`: the modules a fused layer fuses, else `prefix` itself."""
+    parent, _, leaf = prefix.rpartition(".")
+    parts = packed_modules_mapping.get(leaf)
+    if not parts:
+        return [prefix]
+    return [f"{parent}.{part}" if parent else part for part in parts]
+
+
+def matches_module_list(prefix: str, names: Iterable[str], packed_modules_mapping: Mapping[str, tuple[str, ...]],
+                        what: str) -> bool:
+    """Whether a checkpoint's list of module names (`modules_to_not_convert` and the like: an entry names every
+    module whose name contains it, as AutoAWQ and transformers read them) takes in the layer `prefix`. A fused layer
+    is taken in when all its parts are; only some of them is a `ValueError` (one matmul cannot mix formats)."""
+    names = [str(n) for n in names]
+    hits = [any(n in part for n in names) for part in checkpoint_module_names(prefix, packed_modules_mapping)]
+    if any(hits) and not all(hits):
+        raise ValueError(f"The checkpoint's {what} takes in only some of the modules fused into {prefix}; vx "
+                         f"computes them as one matmul and cannot mix quantized and float parts.")
+    return all(hits)
