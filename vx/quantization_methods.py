@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 METHOD_CLASSES: Mapping[str, str] = MappingProxyType({
+    "gguf": "vx.models.layers.quantization.gguf:GGUFConfig",
 })
 """Method name -> "module:class" of its `QuantizationConfig`."""
 

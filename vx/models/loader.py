@@ -1,4 +1,5 @@
-"""Build a model from a Hugging Face directory of safetensors files."""
+"""Build a model from a Hugging Face directory of safetensors files, or from the source its quantization names
+(a GGUF file: `QuantizationConfig.weights`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextlib
 import glob
 import json
 import os
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -66,8 +67,16 @@ def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"Cannot read weights file {path!r} (missing or corrupted?): {e}") from e
 
 
+def checkpoint_weights(model_path: str, hf_config: Any,
+                       quant_config: QuantizationConfig | None) -> Iterable[tuple[str, torch.Tensor]]:
+    """The checkpoint's (name, tensor) pairs: from the quantization's own source when it has one, else from the
+    directory's safetensors files. Checks what it can (files there, readable) before anything is loaded."""
+    source = quant_config.weights(model_path, hf_config) if quant_config is not None else None
+    return source if source is not None else iterate_safetensors(safetensors_files(model_path))
+
+
 class DefaultModelLoader:
-    """Builds the registered model class for the config's architecture and fills it from safetensors."""
+    """Builds the registered model class for the config's architecture and fills it from its checkpoint."""
 
     def load_model(self, model_path: str, hf_config: Any, dtype: torch.dtype, device: torch.device | str,
                    quant_config: QuantizationConfig | None = None) -> nn.Module:
@@ -77,13 +86,13 @@ class DefaultModelLoader:
         if not archs:
             raise ValueError("The model config names no 'architectures'; cannot pick a model class.")
         model_cls = resolve_model_class(archs[0])
-        files = safetensors_files(model_path)
         if quant_config is not None:
             quant_config.verify(torch.device(device), dtype)
+        weights = checkpoint_weights(model_path, hf_config, quant_config)
         with torch.no_grad(), _default_dtype(dtype), torch.device(device):
             model = model_cls(hf_config, quant_config)
         with torch.no_grad():
-            loaded = model.load_weights(iterate_safetensors(files))
+            loaded = model.load_weights(weights)
         missing = sorted(set(dict(model.named_parameters())) - loaded)
         if missing:
             shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")

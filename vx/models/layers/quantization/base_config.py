@@ -5,7 +5,7 @@ computes with them (vLLM's `QuantizationConfig` / `LinearMethodBase` split)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 import torch
 from torch import nn
@@ -70,6 +70,12 @@ class QuantizationConfig(ABC):
 
     def get_embedding_method(self, layer: nn.Module, prefix: str) -> EmbeddingMethodBase | None:
         """The method for a token embedding or LM head; None (the default) leaves it in the model dtype."""
+        return None
+
+    def weights(self, model_path: str, hf_config: Any) -> Iterable[tuple[str, torch.Tensor]] | None:
+        """The checkpoint's (name, tensor) pairs when this format keeps them elsewhere than the directory's
+        safetensors files (a GGUF file); None (the default): the safetensors files. Called before the model is
+        built, so a bad source fails before anything is allocated."""
         return None
 
 
