@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from vx.models.layers.quantization import QuantizationConfig, process_weights_after_loading
+from vx.platform import release_free_heap
 from vx.models.registry import resolve_model_class
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -89,15 +90,21 @@ class DefaultModelLoader:
         if quant_config is not None:
             quant_config.verify(torch.device(device), dtype)
         weights = checkpoint_weights(model_path, hf_config, quant_config)
-        with torch.no_grad(), _default_dtype(dtype), torch.device(device):
-            model = model_cls(hf_config, quant_config)
-        with torch.no_grad():
-            loaded = model.load_weights(weights)
-        missing = sorted(set(dict(model.named_parameters())) - loaded)
-        if missing:
-            shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
-            raise ValueError(f"Checkpoint in {model_path!r} did not provide these parameters: {shown}.")
-        with torch.no_grad():
-            process_weights_after_loading(model)
+        try:
+            with torch.no_grad(), _default_dtype(dtype), torch.device(device):
+                model = model_cls(hf_config, quant_config)
+            with torch.no_grad():
+                loaded = model.load_weights(weights)
+            missing = sorted(set(dict(model.named_parameters())) - loaded)
+            if missing:
+                shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
+                raise ValueError(f"Checkpoint in {model_path!r} did not provide these parameters: {shown}.")
+            with torch.no_grad():
+                process_weights_after_loading(model)
+        finally:
+            close = getattr(weights, "close", None)
+            if close is not None:  # a source that holds files open (a GGUF file) lets them go
+                close()
+        release_free_heap()
         model.requires_grad_(False)
         return model.eval()

@@ -202,9 +202,9 @@ class GGUFLinearMethod(LinearMethodBase):
 
 
 class GGUFEmbeddingMethod(EmbeddingMethodBase):
-    """A token embedding or LM head from a GGUF tensor. The embedding keeps the raw rows and dequantizes only the
-    rows a batch gathers; the head multiplies through a kernel (a tied head: the embedding's, made on its first
-    use, since only the head that shares it knows it is tied)."""
+    """A token embedding or LM head from a GGUF tensor. An embedding keeps the raw rows and dequantizes only the
+    rows a batch gathers; a table that computes logits (an LM head, or an embedding a head is tied to) gets a
+    kernel for the matmul. A float table serves both as it is."""
 
     def __init__(self, prefix: str = "") -> None:
         self.prefix = prefix
@@ -229,13 +229,16 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         pad = layer.num_embeddings_per_partition - rows.shape[0]
         if pad:
             rows = torch.cat([rows, rows.new_zeros(pad, rows.shape[1])])
-        layer.__dict__["gguf_type"] = ggml_type
-        if ggml_type in FLOAT_TYPES:  # the table itself serves both the lookup and the head
+        if ggml_type in FLOAT_TYPES:
             layer.__dict__["gguf_table"] = as_float(rows, ggml_type).to(device=device, dtype=self.params_dtype)
-        elif isinstance(layer, ParallelLMHead):
+            return
+        if layer.serves_lm_head:
             layer.__dict__["gguf_head"] = make_kernel([unpack(rows, ggml_type)], self.params_dtype, device)
-        else:  # owned memory: the file's mapping is let go once loading ends
-            layer.__dict__["gguf_rows"] = rows.to(device=device, copy=True)
+        if not isinstance(layer, ParallelLMHead):
+            # It looks rows up: kept as given (on the CPU the GGUF source maps the table on its own, and only the
+            # rows batches look up become resident).
+            layer.__dict__["gguf_rows"] = rows.to(device)
+            layer.__dict__["gguf_type"] = ggml_type
 
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         table = layer.__dict__.get("gguf_table")
@@ -247,12 +250,5 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         table = layer.__dict__.get("gguf_table")
-        if table is not None:
-            return F.linear(x, table, bias)
-        head = layer.__dict__.get("gguf_head")
-        if head is None:  # a tied head: the embedding's rows, repacked once
-            head = make_kernel([unpack(layer.__dict__["gguf_rows"], layer.__dict__["gguf_type"])],
-                               self.params_dtype, layer.__dict__["gguf_rows"].device)
-            layer.__dict__["gguf_head"] = head
-        y = head.matmul(x)
+        y = F.linear(x, table) if table is not None else layer.__dict__["gguf_head"].matmul(x)
         return y if bias is None else y + bias
