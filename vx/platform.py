@@ -95,3 +95,21 @@ def prefer_passive_openmp_wait() -> None:
         # OpenMP threads that spin while they wait collapse as soon as anything else wants a core
         # (another process, vx's own threads): 16 streams on 2 cores took 104 s spinning, 8 s passive.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def release_free_heap() -> None:
+    """Hand the memory that the C heap holds free back to the system (glibc's `malloc_trim`; elsewhere nothing).
+
+    Loading a quantized model frees many mid-sized temporaries between the tensors it keeps; glibc keeps such
+    holes for reuse, and the process's resident memory stays ~30 MiB higher for the default model without this.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        trim = None
+    if trim is not None:
+        trim(0)

@@ -19,6 +19,8 @@ METHOD_CLASSES: Mapping[str, str] = MappingProxyType({
     # A float checkpoint quantized at load.
     "int8": "vx.models.layers.quantization.weight_only:Int8Config",
     "int4": "vx.models.layers.quantization.weight_only:Int4Config",
+    # GGUF files, their tensors as they are.
+    "gguf": "vx.models.layers.quantization.gguf:GGUFConfig",
 })
 """Method name -> "module:class" of its `QuantizationConfig`."""
 

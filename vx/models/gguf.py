@@ -1,9 +1,10 @@
-"""Convert a GGUF checkpoint into a Hugging Face safetensors directory, once.
+"""Write a GGUF file's model directory, once: config.json, generation_config.json and the tokenizer (with its chat
+template), read from the file's metadata by transformers. No weights: config.json's `quantization_config`
+({"quant_method": "gguf", "gguf_file": path}) points the engine at the file, which it loads quantized
+(vx/models/gguf_weights.py).
 
-transformers reads the GGUF config and tokenizer and dequantizes the weights (no hand-written
-dequantization here); we save the result as float32 safetensors so later starts load in well under a
-second. Run as `python -m vx.models.gguf SRC.gguf DST_DIR`: the front end starts it in a child process
-so the application's process never imports torch model code.
+Run as `python -m vx.models.gguf SRC.gguf DST_DIR`: the front end starts it in a child process, so the
+application's process never imports torch (transformers does).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 import sys
 
-_SUPPORTED_GGUF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+from vx.models.gguf_weights import SUPPORTED_ARCHITECTURES
 
 
 def gguf_architecture(path: str) -> str:
@@ -27,31 +28,24 @@ def gguf_architecture(path: str) -> str:
         raise ValueError(f"{path!r} is not a readable GGUF file: {e}") from e
 
 
-def convert_gguf(src: str, dst: str) -> None:
-    """Write config.json, generation_config.json, tokenizer files and model.safetensors into `dst`."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def write_gguf_config(src: str, dst: str) -> None:
+    """Write config.json (pointing at `src`), generation_config.json and the tokenizer files into `dst`."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     arch = gguf_architecture(src)
-    if arch not in _SUPPORTED_GGUF_ARCHS:
+    if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
-                         f"{', '.join(_SUPPORTED_GGUF_ARCHS)}.")
-    folder, name = os.path.split(os.path.abspath(src))
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    src = os.path.realpath(src)
+    folder, name = os.path.split(src)
     os.makedirs(dst, exist_ok=True)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    state = model.state_dict()
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # the same tensor as the embedding; safetensors refuses aliases
-    save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(dst, "model.safetensors"),
-              metadata={"format": "pt", "source": os.path.basename(src)})
 
     cfg = config.to_dict()
-    cfg.pop("quantization_config", None)
-    cfg["dtype"] = "float32"
-    cfg["architectures"] = [type(model).__name__]
+    cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    cfg["quantization_config"] = {"quant_method": "gguf", "gguf_file": src}
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     gen = {"eos_token_id": cfg.get("eos_token_id"), "bos_token_id": cfg.get("bos_token_id")}
@@ -68,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m vx.models.gguf SRC.gguf DST_DIR", file=sys.stderr)
         return 2
     try:
-        convert_gguf(args[0], args[1])
+        write_gguf_config(args[0], args[1])
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

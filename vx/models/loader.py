@@ -1,20 +1,20 @@
-"""Build a model from a Hugging Face directory of safetensors files."""
+"""Build a model from a Hugging Face directory of safetensors files, or from the source its quantization names
+(a GGUF file: `QuantizationConfig.weights`)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import glob
 import json
 import os
-import sys
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from vx.models.layers.quantization import QuantizationConfig, process_weights_after_loading
 from vx.models.registry import resolve_model_class
+from vx.platform import release_free_heap
 
 _INDEX_FILE = "model.safetensors.index.json"
 
@@ -68,8 +68,16 @@ def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
             raise ValueError(f"Cannot read weights file {path!r} (missing or corrupted?): {e}") from e
 
 
+def checkpoint_weights(model_path: str, hf_config: Any,
+                       quant_config: QuantizationConfig | None) -> Iterable[tuple[str, torch.Tensor]]:
+    """The checkpoint's (name, tensor) pairs: from the quantization's own source when it has one, else from the
+    directory's safetensors files. Checks what it can (files there, readable) before anything is loaded."""
+    source = quant_config.weights(model_path, hf_config) if quant_config is not None else None
+    return source if source is not None else iterate_safetensors(safetensors_files(model_path))
+
+
 class DefaultModelLoader:
-    """Builds the registered model class for the config's architecture and fills it from safetensors."""
+    """Builds the registered model class for the config's architecture and fills it from its checkpoint."""
 
     def load_model(self, model_path: str, hf_config: Any, dtype: torch.dtype, device: torch.device | str,
                    quant_config: QuantizationConfig | None = None) -> nn.Module:
@@ -79,33 +87,26 @@ class DefaultModelLoader:
         if not archs:
             raise ValueError("The model config names no 'architectures'; cannot pick a model class.")
         model_cls = resolve_model_class(archs[0])
-        files = safetensors_files(model_path)
         if quant_config is not None:
             quant_config.verify(torch.device(device), dtype)
             quant_config.packed_modules_mapping = getattr(model_cls, "packed_modules_mapping", {})
-        with torch.no_grad(), _default_dtype(dtype), torch.device(device):
-            model = model_cls(hf_config, quant_config)
-        with torch.no_grad():
-            loaded = model.load_weights(iterate_safetensors(files))
-        missing = sorted(set(dict(model.named_parameters())) - loaded)
-        if missing:
-            shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
-            raise ValueError(f"Checkpoint in {model_path!r} did not provide these parameters: {shown}.")
-        with torch.no_grad():
-            process_weights_after_loading(model)
-        _release_freed_heap()
+        weights = checkpoint_weights(model_path, hf_config, quant_config)
+        try:
+            with torch.no_grad(), _default_dtype(dtype), torch.device(device):
+                model = model_cls(hf_config, quant_config)
+            with torch.no_grad():
+                loaded = model.load_weights(weights)
+            missing = sorted(set(dict(model.named_parameters())) - loaded)
+            if missing:
+                shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
+                raise ValueError(f"Checkpoint in {model_path!r} did not provide these parameters: {shown}.")
+            with torch.no_grad():
+                process_weights_after_loading(model)
+        finally:
+            close = getattr(weights, "close", None)
+            if close is not None:  # a source that holds files open (a GGUF file) lets them go
+                close()
+        release_free_heap()
         model.requires_grad_(False)
         return model.eval()
 
-
-def _release_freed_heap() -> None:
-    """Hand the heap pages that loading freed back to the OS (glibc's malloc_trim; elsewhere nothing).
-
-    Quantizing at load frees each layer's float weight and temporaries, but glibc keeps freed heap pages mapped:
-    measured on the default model, the process kept ~180 MiB more after `quantization="int4"` (686 vs 504 MiB)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        pass

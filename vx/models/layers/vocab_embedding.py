@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 class VocabParallelEmbedding(nn.Module):
     """Token embedding whose vocabulary rows are split across TP ranks."""
 
+    # Whether this table also computes the logits (an LM head, or an embedding a head is tied to): a quantization
+    # method then readies a matmul for it as well as the row lookup.
+    serves_lm_head: bool = False
+
     def __init__(self, num_embeddings: int, embedding_dim: int, tp_size: int = 1, tp_rank: int = 0,
                  quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
@@ -66,6 +70,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Output projection to the vocabulary; may share its weight with the embedding (`tie_weights`)."""
 
+    serves_lm_head = True
+
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tp_size: int = 1,
                  tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__(num_embeddings, embedding_dim, tp_size, tp_rank, quant_config, prefix)
@@ -85,6 +91,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter(name, param)
         self.quant_method = embedding.quant_method
         self.__dict__["tied_embedding"] = embedding  # a plain reference: not a submodule of the head
+        embedding.serves_lm_head = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Logits [N, vocab] in float32 for hidden states [N, hidden]."""

@@ -76,6 +76,12 @@ class QuantizationConfig(ABC):
         """The method for a token embedding or LM head; None (the default) leaves it in the model dtype."""
         return None
 
+    def weights(self, model_path: str, hf_config: Any) -> Iterable[tuple[str, torch.Tensor]] | None:
+        """The checkpoint's (name, tensor) pairs when this format keeps them elsewhere than the directory's
+        safetensors files (a GGUF file); None (the default): the safetensors files. Called before the model is
+        built, so a bad source fails before anything is allocated."""
+        return None
+
 
 def set_weight_attrs(param: torch.Tensor, attrs: dict[str, Any]) -> None:
     """Tag a parameter for the loaders: `output_dim` / `input_dim` (which of its dims runs along the layer's
