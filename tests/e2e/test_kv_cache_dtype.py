@@ -113,3 +113,17 @@ def default_runs(default_model_dir) -> dict[str, list]:
 def test_default_model_keeps_its_answers(default_runs, kv_cache_dtype, at_least):
     assert "Paris" in default_runs[kv_cache_dtype][0].text
     assert _agreement(default_runs["auto"], default_runs[kv_cache_dtype], MAX_SHIFT[kv_cache_dtype]) >= at_least
+
+
+def test_a_cache_no_backend_can_hold_is_refused_at_start(tmp_path):
+    """int8 rows keep a float32 scale after head_dim codes: heads of 30 would misalign it, so the engine refuses."""
+    from tests.support.tiny_models import make_tiny_model
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
+
+    model = make_tiny_model("qwen3", tmp_path, head_dim=30)
+    make_tiny_tokenizer(model)
+    with pytest.raises(ValueError, match="int8 KV cache needs head_dim divisible by 4, got 30"):
+        vx.LLM(model, dtype="float32", kv_cache_dtype="int8", max_model_len=64)
+    llm = vx.LLM(model, dtype="float32", kv_cache_dtype="fp8_e4m3", max_model_len=64)  # fp8 rows have no scale
+    assert len(llm.generate([[1, 2, 3]], vx.SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids) == 2
+    llm.shutdown()
