@@ -197,3 +197,12 @@ def test_quantization_names_are_checked(tiny_model_dir):
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         EngineArgs(model=tiny_model_dir, kv_cache_dtype="int3").validate()
     assert EngineArgs(model=tiny_model_dir, device="cpu").create_config().quant_config.method is None
+
+
+def test_every_kv_cache_dtype_reaches_the_cache_config(tiny_model_dir):
+    from vx.quantization_methods import KV_CACHE_DTYPES
+
+    assert KV_CACHE_DTYPES == ("auto", "fp8_e4m3", "int8")
+    for kv in KV_CACHE_DTYPES:
+        config = EngineArgs(model=tiny_model_dir, device="cpu", kv_cache_dtype=kv).create_config(light=True)
+        assert config.cache_config.kv_cache_dtype == kv

@@ -27,5 +27,5 @@ METHOD_CLASSES: Mapping[str, str] = MappingProxyType({
 QUANTIZATION_NAMES: tuple[str, ...] = tuple(METHOD_CLASSES)
 """Every value `quantization=` accepts besides None (None: whatever the checkpoint says, else none)."""
 
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto",)
-"""Every value `kv_cache_dtype=` accepts ("auto": the model dtype)."""
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8_e4m3", "int8")
+"""Every value `kv_cache_dtype=` accepts ("auto": the model dtype; the formats are in vx.gpu.attention.kv_format)."""

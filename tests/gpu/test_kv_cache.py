@@ -33,6 +33,30 @@ def test_bytes_per_block_from_vx_or_hf_config():
         bytes_per_block(vx_like, 16, "int3")
 
 
+@pytest.mark.parametrize("model_dtype,auto_bytes", [("float32", 4), ("bfloat16", 2)])
+def test_bytes_per_block_of_a_quantized_cache(model_dtype, auto_bytes):
+    """An 8-bit cache stores a row in head_dim bytes (int8: plus its 4-byte scale) whatever the model dtype: the same
+    budget holds 4x (float32) or 2x (bf16) the fp8 blocks."""
+    vx_like = SimpleNamespace(num_layers=3, num_kv_heads=2, head_dim=16)
+    rows = 3 * 2 * 16 * 2  # layers * (k,v) * block * kv_heads
+    per = {kv: bytes_per_block(vx_like, 16, model_dtype, TorchAttentionBackend, kv)
+           for kv in ("auto", "fp8_e4m3", "int8")}
+    assert per == {"auto": rows * 16 * auto_bytes, "fp8_e4m3": rows * 16, "int8": rows * (16 + 4)}
+    with pytest.raises(ValueError, match="Unknown kv_cache_dtype"):
+        bytes_per_block(vx_like, 16, model_dtype, TorchAttentionBackend, "fp4")
+
+
+@pytest.mark.parametrize("kv_cache_dtype,cache_dtype,row", [("fp8_e4m3", torch.float8_e4m3fn, 8),
+                                                            ("int8", torch.int8, 12)])
+def test_bind_allocates_the_format_and_tells_the_impl(kv_cache_dtype, cache_dtype, row):
+    model = _TwoLayer()
+    caches = bind_kv_caches(model, TorchAttentionBackend, num_blocks=5, block_size=4, dtype=torch.bfloat16,
+                            device="cpu", kv_cache_dtype=kv_cache_dtype)
+    assert [(c.shape, c.dtype) for c in caches] == [((2, 5, 4, 2, row), cache_dtype)] * 2
+    assert all(not c.view(torch.uint8).any() for c in caches)
+    assert model.a.impl.kv_format.name == model.b.impl.kv_format.name == kv_cache_dtype
+
+
 def test_bind_allocates_per_layer_in_order():
     model = _TwoLayer()
     caches = bind_kv_caches(model, TorchAttentionBackend, num_blocks=5, block_size=4, dtype=torch.float32,

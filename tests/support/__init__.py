@@ -4,7 +4,10 @@
 - `tiny_tokenizer`: a tiny deterministic byte-level BPE tokenizer with a ChatML template;
 - `paged_attention`: `CommonAttentionMetadata` for a batch, and `PagedRunner`, which drives a model step by step
   through a paged KV cache;
-- `attention_cases`: random attention steps on shuffled block tables, to compare one backend with another;
+- `attention_cases`: random attention steps on shuffled block tables (float or quantized caches), to compare one
+  backend with another, and a quantized cache with the float one;
+- `triton_probes`: tiny Triton kernels exposing one device function of vx's kernels (imports triton: interpreter
+  worker only);
 - `engine_processes`: engine arguments for the tiny models, and checks on the processes a test leaves behind;
 - `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket;
 - `worker_view`: the workers' side of the step contract, for the scheduler tests;

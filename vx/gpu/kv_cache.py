@@ -11,6 +11,7 @@ from torch import nn
 
 from vx.config import hf_head_dim, hf_num_kv_heads
 from vx.gpu.attention.backend import AttentionBackend
+from vx.gpu.attention.kv_format import KVCacheFormat, kv_cache_format
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.models.layers.attention import Attention
 from vx.platform import torch_dtype
@@ -24,11 +25,21 @@ def _model_dims(model_config: Any) -> tuple[int, int, int]:
 
 
 def bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype | str,
-                    backend: type[AttentionBackend] = TorchAttentionBackend) -> int:
-    """KV-cache bytes one block costs across all layers (to size num_blocks from a memory budget)."""
+                    backend: type[AttentionBackend] = TorchAttentionBackend, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one block costs across all layers (to size num_blocks from a memory budget).
+
+    `dtype` is the model's; the cache stores it as `kv_cache_dtype` says (8-bit formats: a half or a quarter).
+    """
     layers, kv_heads, head_dim = _model_dims(model_config)
-    per_layer = math.prod(backend.get_kv_cache_shape(1, block_size, kv_heads, head_dim))
-    return layers * per_layer * torch_dtype(dtype).itemsize
+    fmt = kv_cache_format(kv_cache_dtype)
+    per_layer = math.prod(_layer_shape(backend, fmt, 1, block_size, kv_heads, head_dim))
+    return layers * per_layer * fmt.cache_dtype(torch_dtype(dtype)).itemsize
+
+
+def _layer_shape(backend: type[AttentionBackend], fmt: KVCacheFormat, num_blocks: int, block_size: int,
+                 num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    """One layer's cache shape: the backend's layout with the format's row (head_dim values, or codes + scale)."""
+    return backend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, fmt.row_width(head_dim))
 
 
 def attention_layers(model: nn.Module) -> list[Attention]:
@@ -41,19 +52,25 @@ def attention_layers(model: nn.Module) -> list[Attention]:
 
 
 def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks: int, block_size: int,
-                   dtype: torch.dtype | str, device: torch.device | str) -> list[torch.Tensor]:
-    """Allocate a zeroed cache per Attention layer, bind it and a backend impl onto the layer; return them."""
+                   dtype: torch.dtype | str, device: torch.device | str,
+                   kv_cache_dtype: str = "auto") -> list[torch.Tensor]:
+    """Allocate a zeroed cache per Attention layer, bind it and a backend impl onto the layer; return them.
+
+    `dtype` is the model's; each cache stores K and V in the format `kv_cache_dtype` names, which the impl reads.
+    """
     layers = attention_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no vx Attention layers to bind a KV cache to.")
+    fmt = kv_cache_format(kv_cache_dtype)
+    cache_dtype = fmt.cache_dtype(torch_dtype(dtype))
     impl_cls = backend.get_impl_cls()
     caches: list[torch.Tensor] = []
     for layer in layers:
-        shape = backend.get_kv_cache_shape(num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
-        cache = _zeroed(shape, torch_dtype(dtype), torch.device(device))
+        shape = _layer_shape(backend, fmt, num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+        cache = _zeroed(shape, cache_dtype, torch.device(device))
         layer.kv_cache = cache
         layer.impl = impl_cls(layer.num_heads, layer.head_dim, layer.scale, layer.num_kv_heads,
-                              sliding_window=layer.sliding_window)
+                              sliding_window=layer.sliding_window, kv_cache_dtype=kv_cache_dtype)
         caches.append(cache)
     return caches
 

@@ -32,12 +32,13 @@ class ModelRunner:
         self.device = device
         self.dtype = torch_dtype(config.model_config.dtype)
         self.block_size = config.cache_config.block_size
+        self.kv_cache_dtype = config.cache_config.kv_cache_dtype
         self.input_batch = InputBatch(self.block_size, device)
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
         self.attn_backend = get_attn_backend(
             config.device_config.attention_backend, device.type, dtype=self.dtype,
-            block_size=self.block_size, head_dim=config.model_config.head_dim)
+            block_size=self.block_size, head_dim=config.model_config.head_dim, kv_cache_dtype=self.kv_cache_dtype)
         self.kv_caches: list[torch.Tensor] = []
 
     def load_model(self) -> None:
@@ -47,12 +48,12 @@ class ModelRunner:
         self.model = DefaultModelLoader().load_model(mc.model, mc.hf_config, self.dtype, self.device, quant_config)
 
     def kv_cache_bytes_per_block(self) -> int:
-        return bytes_per_block(self.model_config, self.block_size, self.dtype, self.attn_backend)
+        return bytes_per_block(self.model_config, self.block_size, self.dtype, self.attn_backend, self.kv_cache_dtype)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model is not None, "load_model() first"
         self.kv_caches = bind_kv_caches(self.model, self.attn_backend, num_blocks, self.block_size,
-                                        self.dtype, self.device)
+                                        self.dtype, self.device, self.kv_cache_dtype)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

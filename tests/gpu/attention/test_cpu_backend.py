@@ -1,6 +1,6 @@
 """The CPU backend's C decode kernel: equal to the torch backend at real model shapes (the specialised head
-sizes, GQA groups, long contexts, sliding windows, query rows sliced out of a fused projection), its fallbacks,
-and how it is built and selected."""
+sizes, GQA groups, long contexts, sliding windows, query rows sliced out of a fused projection), on float32 and
+quantized (fp8_e4m3, int8) caches, its fallbacks, and how it is built and selected."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ from vx.gpu.attention.cpu_backend import CpuAttentionBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+from vx.gpu.attention.kv_format import kv_cache_format
 
 pytestmark = pytest.mark.skipif(load_paged_decode_kernel() is None,
                                 reason="the CPU kernel cannot be built here (no C compiler)")
 
 
-def _decode_batch(seq_lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int, seed: int = 0):
-    """A decode-only step: a random cache, shuffled block tables, and q as a column slice of a wider qkv."""
+def _decode_batch(seq_lens: list[int], heads: int, kv_heads: int, head_dim: int, block_size: int, seed: int = 0,
+                  kv_cache_dtype: str = "auto"):
+    """A decode-only step: a random cache (stored as kv_cache_dtype says), shuffled block tables, and q as a column
+    slice of a wider qkv."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per) + 1
@@ -42,40 +45,69 @@ def _decode_batch(seq_lens: list[int], heads: int, kv_heads: int, head_dim: int,
         max_seq_len=max(seq_lens), block_size=block_size)
     qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * head_dim, generator=gen)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    return common, cache, q, k, v
+    fmt = kv_cache_format(kv_cache_dtype)
+    return common, fmt.store(cache, fmt.cache_dtype(cache.dtype)), q, k, v
+
+
+KV_CACHE_DTYPES = ["auto", "fp8_e4m3", "int8"]
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (4, 4, 32), (14, 2, 64)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("window", [None, 50])
-def test_kernel_equals_torch_backend(heads, kv_heads, head_dim, block_size, window):
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+def test_kernel_equals_torch_backend(heads, kv_heads, head_dim, block_size, window, kv_cache_dtype):
     seq_lens = [1, 2, 17, 300, 511, 64, 33, 130]
-    common, cache, q, k, v = _decode_batch(seq_lens, heads, kv_heads, head_dim, block_size)
+    common, cache, q, k, v = _decode_batch(seq_lens, heads, kv_heads, head_dim, block_size,
+                                           kv_cache_dtype=kv_cache_dtype)
     assert not q.is_contiguous()  # the kernel reads rows with q's own stride
     outs = []
     for backend in (TorchAttentionBackend, CpuAttentionBackend):
-        impl = backend.get_impl_cls()(heads, head_dim, head_dim ** -0.5, kv_heads, sliding_window=window)
+        impl = backend.get_impl_cls()(heads, head_dim, head_dim ** -0.5, kv_heads, sliding_window=window,
+                                      kv_cache_dtype=kv_cache_dtype)
         outs.append(impl.forward(None, q, k, v, cache.clone(), backend.build_metadata(common)))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
 
 
-def test_kernel_is_what_runs(monkeypatch):
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+def test_kernel_is_what_runs(monkeypatch, kv_cache_dtype):
     """Guard against a silent fallback: with the torch path broken, the CPU backend still decodes."""
-    common, cache, q, k, v = _decode_batch([5, 40], 4, 2, 64, 16)
-    impl = CpuAttentionBackend.get_impl_cls()(4, 64, 0.125, 2)
+    common, cache, q, k, v = _decode_batch([5, 40], 4, 2, 64, 16, kv_cache_dtype=kv_cache_dtype)
+    impl = CpuAttentionBackend.get_impl_cls()(4, 64, 0.125, 2, kv_cache_dtype=kv_cache_dtype)
     want = impl.forward(None, q, k, v, cache.clone(), CpuAttentionBackend.build_metadata(common))
     monkeypatch.setattr(TorchAttentionBackend.get_impl_cls(), "_decode", lambda *a: pytest.fail("fell back"))
     got = impl.forward(None, q, k, v, cache.clone(), CpuAttentionBackend.build_metadata(common))
     assert torch.equal(got, want)
 
 
+def test_kernel_decodes_every_fp8_code():
+    """A one-token context attends with weight 1: the output is the value row itself, decoded in C. Every e4m3fn code
+    but the two NaNs (0x7f, 0xff, never written: stores saturate) must read back as torch's float8 conversion."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    head_dim = 64
+    cache = torch.zeros(2, 5, 16, 1, head_dim, dtype=torch.uint8)
+    cache[1, 1:, 0, 0] = codes.view(4, head_dim)  # sequence i's only token sits in block i + 1
+    cache = cache.view(torch.float8_e4m3fn)
+    table = torch.arange(1, 5, dtype=torch.int32)[:, None]
+    ones = torch.ones(4, dtype=torch.int32)
+    rows = torch.arange(4, dtype=torch.int64)
+    q, out = torch.randn(4, head_dim), torch.full((4, head_dim), float("nan"))
+    kernel = load_paged_decode_kernel()
+    assert kernel(q, rows, cache, table, ones, 0.125, None, out, 1, kv_cache_format("fp8_e4m3"))
+    assert torch.equal(out, codes.view(torch.float8_e4m3fn).float().view(4, head_dim))
+
+
 def test_shapes_beyond_the_kernel_fall_back_to_torch():
     # head_dim 512 exceeds the kernel's limit, bf16 is not float32: both take the torch path, still right.
-    for head_dim, dtype in ((512, torch.float32), (64, torch.bfloat16)):
+    for head_dim, dtype, kv_cache_dtype in ((512, torch.float32, "auto"), (64, torch.bfloat16, "auto"),
+                                            (512, torch.float32, "int8"), (64, torch.bfloat16, "fp8_e4m3")):
+        fmt = kv_cache_format(kv_cache_dtype)
         common, cache, q, k, v = _decode_batch([9, 30], 4, 2, head_dim, 16)
-        cache, q, k, v = (t.to(dtype) for t in (cache, q, k, v))
-        outs = [b.get_impl_cls()(4, head_dim, head_dim ** -0.5, 2).forward(None, q, k, v, cache.clone(),
-                                                                           b.build_metadata(common))
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+        cache = fmt.store(cache, fmt.cache_dtype(dtype))
+        outs = [b.get_impl_cls()(4, head_dim, head_dim ** -0.5, 2, kv_cache_dtype=kv_cache_dtype).forward(
+                    None, q, k, v, cache.clone(), b.build_metadata(common))
                 for b in (TorchAttentionBackend, CpuAttentionBackend)]
         assert torch.equal(outs[0], outs[1])
 

@@ -68,6 +68,40 @@ def test_interface_defaults():
     assert _Minimal.unavailable_reason("cuda") is None
     assert _Minimal.unsupported_reason(dtype=torch.int8, head_dim=1000, block_size=3) is None
     assert _Minimal.is_paged(16)
+    # A backend reads a quantized cache only if it says so: by default it refuses one.
+    assert _Minimal.unsupported_reason(kv_cache_dtype="auto") is None
+    assert "reads no fp8_e4m3 KV cache" in _Minimal.unsupported_reason(kv_cache_dtype="fp8_e4m3")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "int8"])
+def test_a_quantized_cache_steers_the_selection(monkeypatch, kv_cache_dtype):
+    """flash_attn (FA2) reads no quantized cache: named, it is refused saying so; under 'auto' triton takes over,
+    and torch when triton cannot run."""
+    from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
+    from vx.gpu.attention.triton_backend import TritonAttentionBackend
+    from vx.gpu.attention.torch_backend import TorchAttentionBackend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(FlashAttnBackend, "unavailable_reason", staticmethod(lambda device: None))
+    shape = dict(dtype=torch.bfloat16, head_dim=128, block_size=256)
+    assert get_attn_backend("auto", "cuda", **shape, kv_cache_dtype="auto") is FlashAttnBackend
+    assert get_attn_backend("auto", "cuda", **shape, kv_cache_dtype=kv_cache_dtype) is TritonAttentionBackend
+    with pytest.raises(ValueError, match=f"flash_attn'? is unavailable: FlashAttention-2 reads no {kv_cache_dtype} "
+                                         "KV cache .*use attention_backend='triton' or 'torch'"):
+        get_attn_backend("flash_attn", "cuda", **shape, kv_cache_dtype=kv_cache_dtype)
+    monkeypatch.setattr(TritonAttentionBackend, "unavailable_reason", staticmethod(lambda device: "no"))
+    assert get_attn_backend("auto", "cuda", **shape, kv_cache_dtype=kv_cache_dtype) is TorchAttentionBackend
+
+
+def test_an_int8_cache_needs_head_dim_divisible_by_4():
+    for name in ("torch", "cpu"):
+        assert get_attn_backend(name, "cpu", head_dim=64, kv_cache_dtype="int8").get_name() == name
+        with pytest.raises(ValueError, match="int8 KV cache needs head_dim divisible by 4, got 30"):
+            get_attn_backend(name, "cpu", head_dim=30, kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="'auto' found no backend: even torch cannot serve this"):
+        get_attn_backend("auto", "cpu", head_dim=30, kv_cache_dtype="int8")
+    assert get_attn_backend("auto", "cpu", head_dim=30, kv_cache_dtype="fp8_e4m3") is not None
 
 
 def _common(slot_mapping: list[int], num_actual_tokens: int) -> CommonAttentionMetadata:

@@ -1,5 +1,6 @@
 """Torch paged-attention backend (and the CPU backend, which swaps in a C decode kernel) against a naive
-per-query softmax, for every batch mix."""
+per-query softmax, for every batch mix and KV-cache format (a quantized cache against the softmax over what it gives
+back, and within FLOAT_CACHE_TOL of the float cache)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import random
 import pytest
 import torch
 
+from tests.support.attention_cases import EXACT_TOL, FLOAT_CACHE_TOL, compare_to_float, make_case
 from tests.support.paged_attention import make_common_metadata
 from vx.gpu.attention import CommonAttentionMetadata, get_attn_backend
+from vx.gpu.attention.backend import as_bytes, slot_views
 from vx.gpu.attention.cpu_backend import CpuAttentionBackend
 from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+from vx.gpu.attention.kv_format import kv_cache_format
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
 
 BLOCK_SIZE = 4
@@ -48,46 +52,81 @@ BACKENDS = [TorchAttentionBackend, pytest.param(CpuAttentionBackend, marks=pytes
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=["torch", "cpu"])
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("heads,window,dtype", [
-    ((4, 2), None, torch.float32), ((2, 2), None, torch.float32), ((4, 2), 5, torch.float32),
-    ((2, 2), 5, torch.float32), ((4, 2), None, torch.bfloat16),
+@pytest.mark.parametrize("heads,window,dtype,kv_cache_dtype", [
+    ((4, 2), None, torch.float32, "auto"), ((2, 2), None, torch.float32, "auto"), ((4, 2), 5, torch.float32, "auto"),
+    ((2, 2), 5, torch.float32, "auto"), ((4, 2), None, torch.bfloat16, "auto"),
+    ((4, 2), None, torch.float32, "fp8_e4m3"), ((2, 2), 5, torch.float32, "fp8_e4m3"),
+    ((4, 2), None, torch.bfloat16, "fp8_e4m3"),
+    ((4, 2), None, torch.float32, "int8"), ((2, 2), 5, torch.float32, "int8"), ((4, 2), None, torch.bfloat16, "int8"),
 ])
-def test_matches_naive_attention(case, heads, window, dtype, backend):
+def test_matches_naive_attention(case, heads, window, dtype, kv_cache_dtype, backend):
+    """Against a naive softmax over the keys and values the cache gives back (for "auto" the exact ones)."""
     torch.manual_seed(0)
     computed, new = CASES[case]
     h, hk, d = heads[0], heads[1], 8
+    fmt = kv_cache_format(kv_cache_dtype)
+    cache_dtype = fmt.cache_dtype(dtype)
+
+    def stored(x):  # the rows the cache holds for x
+        return fmt.store(x, cache_dtype)
+
     scale = 1 / math.sqrt(d)
     pool = list(range(NUM_BLOCKS))
     random.Random(1).shuffle(pool)
     tables = [[pool.pop() for _ in range(-(-(c + n) // BLOCK_SIZE))] for c, n in zip(computed, new)]
-    cache = torch.zeros(TorchAttentionBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, hk, d), dtype=dtype)
-    k_cache, v_cache = cache[0].view(-1, hk, d), cache[1].view(-1, hk, d)
+    cache = torch.zeros(TorchAttentionBackend.get_kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE, hk, fmt.row_width(d)),
+                        dtype=cache_dtype)
+    k_cache, v_cache = (as_bytes(c) for c in slot_views(cache))
     full_k, full_v = [], []
     for c, n, bt in zip(computed, new, tables):
         full_k.append(torch.randn(c + n, hk, d).to(dtype))
         full_v.append(torch.randn(c + n, hk, d).to(dtype))
         ctx_slots = [bt[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(c)]
-        k_cache[ctx_slots] = full_k[-1][:c]  # the cached prefix, written by an earlier "step"
-        v_cache[ctx_slots] = full_v[-1][:c]
+        k_cache[ctx_slots] = as_bytes(stored(full_k[-1][:c]))  # the cached prefix, written by an earlier "step"
+        v_cache[ctx_slots] = as_bytes(stored(full_v[-1][:c]))
     pad = 3
     common = make_common_metadata(computed, new, tables, BLOCK_SIZE, num_padding_tokens=pad)
     n_tok = common.num_actual_tokens + pad
     q = torch.randn(n_tok, h, d).to(dtype)
     k = torch.cat([fk[c:] for fk, c in zip(full_k, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
     v = torch.cat([fv[c:] for fv, c in zip(full_v, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
-    impl = backend.get_impl_cls()(h, d, scale, hk, sliding_window=window)
+    impl = backend.get_impl_cls()(h, d, scale, hk, sliding_window=window, kv_cache_dtype=kv_cache_dtype)
     md = backend.build_metadata(common)
     out = impl.forward(None, q.reshape(n_tok, -1), k.reshape(n_tok, -1), v.reshape(n_tok, -1), cache, md)
     assert out.shape == (n_tok, h * d) and out.dtype == dtype
     atol = 1e-5 if dtype == torch.float32 else 3e-2
     qsl = common.query_start_loc_cpu.tolist()
+    written = []
     for i, (c, bt) in enumerate(zip(computed, tables)):
-        ref = _reference(q[qsl[i]:qsl[i + 1]], full_k[i], full_v[i], c, scale, window)
+        read_back_k, read_back_v = (fmt.load(stored(x), dtype) for x in (full_k[i], full_v[i]))
+        ref = _reference(q[qsl[i]:qsl[i + 1]], read_back_k, read_back_v, c, scale, window)
         torch.testing.assert_close(out[qsl[i]:qsl[i + 1]].float(), ref.reshape(-1, h * d), atol=atol, rtol=0)
         slots = [bt[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(c + new[i])]
-        assert torch.equal(k_cache[slots], full_k[i]) and torch.equal(v_cache[slots], full_v[i])
+        assert torch.equal(k_cache[slots], as_bytes(stored(full_k[i])))
+        assert torch.equal(v_cache[slots], as_bytes(stored(full_v[i])))
+        written += slots
     assert torch.all(out[-pad:] == 0)
-    assert not (cache == 99.0).any(), "padding tokens must not be written"
+    unwritten = sorted(set(range(k_cache.shape[0])) - set(written))
+    assert not k_cache[unwritten].any() and not v_cache[unwritten].any(), "padding tokens must not be written"
+
+
+# make_case's batches: (computed, new, (heads, kv_heads), head_dim, block_size, window)
+QUANT_CASES = {
+    "prefills": ([0, 0], [7, 12], (4, 2), 32, 4, None),
+    "decodes": ([300, 511, 64, 33], [1, 1, 1, 1], (9, 3), 64, 16, None),
+    "mixed": ([9, 0, 5], [1, 6, 9], (4, 2), 32, 4, None),
+    "window": ([12, 0, 6, 130], [1, 10, 8, 1], (8, 2), 128, 16, 5),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=["torch", "cpu"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("name", sorted(QUANT_CASES))
+def test_quantized_cache_against_float_cache(backend, kv_cache_dtype, name):
+    case = make_case(*QUANT_CASES[name][:5], window=QUANT_CASES[name][5], kv_cache_dtype=kv_cache_dtype)
+    exact, to_float = compare_to_float(backend, case, TorchAttentionBackend)
+    assert exact <= EXACT_TOL
+    assert 0 < to_float <= FLOAT_CACHE_TOL[kv_cache_dtype]
 
 
 def test_metadata_split_and_contiguous_decode_rows():

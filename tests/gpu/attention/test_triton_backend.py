@@ -5,6 +5,8 @@ tests.gpu.attention.test_triton_backend --interpret-worker`, from the repository
 TRITON_INTERPRET=1 in its environment. The flag must be set before triton is imported, and setting it in the pytest process would leak into every later import of triton
 (the interpreter replaces compiled kernels process-wide); the child keeps it contained and pays the
 import cost once for all cases. The child prints one JSON line {case: max_abs_err | "error text"}.
+Quantized caches (fp8_e4m3, int8): the same cases with the cache stored in 8 bits; triton must write the bytes torch
+writes, attend like torch over them, and stay within FLOAT_CACHE_TOL of the float cache.
 CUDA (`gpu` marker): the same comparison on realistic shapes in bf16/fp32, and the engine end to end.
 """
 
@@ -16,11 +18,12 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.support.attention_cases import compare, make_case
+from tests.support.attention_cases import EXACT_TOL, FLOAT_CACHE_TOL, compare, compare_to_float, make_case
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
@@ -45,13 +48,38 @@ CASES = {
     "float16_mixed": ([9, 0, 5], [1, 6, 9], (4, 2), 32, 4, None, F16, 3),
 }
 ATOL = {F32: 1e-3, F16: 1e-2}
+# name: (a CASES entry, kv_cache_dtype): prefill, decode, mixed, sliding window, fp16, over both quantized formats.
+QUANT_CASES = {f"{base}_{kv}": (base, kv) for kv in ("fp8_e4m3", "int8")
+               for base in ("prefill_gqa", "decode_gqa", "mixed_chunked_gqa", "window_gqa", "head_dim64_gqa",
+                            "float16_mixed")}
+
+
+def _case(name: str, kv_cache_dtype: str = "auto"):
+    computed, new, heads, head_dim, block_size, window, dtype, pad = CASES[name]
+    return make_case(computed, new, heads, head_dim, block_size, dtype=dtype, window=window, pad=pad,
+                     seed=len(name), kv_cache_dtype=kv_cache_dtype)
 
 
 def _run_case(name: str) -> float:
-    computed, new, heads, head_dim, block_size, window, dtype, pad = CASES[name]
-    case = make_case(computed, new, heads, head_dim, block_size, dtype=dtype, window=window, pad=pad,
-                     seed=len(name))
-    return compare(TritonAttentionBackend, TorchAttentionBackend, case)
+    return compare(TritonAttentionBackend, TorchAttentionBackend, _case(name))
+
+
+def _run_quant_case(name: str) -> list[float]:
+    """[max error against torch on the same quantized cache, against the float cache's output]."""
+    base, kv = QUANT_CASES[name]
+    case = _case(base, kv)
+    return [compare(TritonAttentionBackend, TorchAttentionBackend, case),
+            compare_to_float(TritonAttentionBackend, case, TorchAttentionBackend)[1]]
+
+
+def _fp8_codes_decode() -> float:
+    """The kernels' fp8 decoder on every e4m3fn code but the NaNs (never written: stores saturate), against torch's
+    float8 conversion."""
+    from tests.support.triton_probes import decode_fp8
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    return float((decode_fp8(codes) - codes.view(torch.float8_e4m3fn).float()).abs().max())
 
 
 def _bf16_refused() -> float:
@@ -69,9 +97,11 @@ def _bf16_refused() -> float:
 def _worker() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     assert get_attn_backend("triton", "cpu") is TritonAttentionBackend
-    results: dict[str, float | str] = {}
-    checks = {name: (lambda n=name: _run_case(n)) for name in CASES}
+    results: dict[str, float | list[float] | str] = {}
+    checks: dict[str, Any] = {name: (lambda n=name: _run_case(n)) for name in CASES}
+    checks.update({name: (lambda n=name: _run_quant_case(n)) for name in QUANT_CASES})
     checks["bf16_refused"] = _bf16_refused
+    checks["fp8_codes"] = _fp8_codes_decode
     for name, check in checks.items():
         try:
             results[name] = check()
@@ -81,7 +111,7 @@ def _worker() -> None:
 
 
 @pytest.fixture(scope="module")
-def interpreter_results() -> dict[str, float | str]:
+def interpreter_results() -> dict[str, Any]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-m", "tests.gpu.attention.test_triton_backend",
                            "--interpret-worker"],
@@ -90,12 +120,23 @@ def interpreter_results() -> dict[str, float | str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused"])
+@pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused", "fp8_codes"])
 def test_interpreter_matches_torch(interpreter_results, name):
     res = interpreter_results[name]
     assert not isinstance(res, str), res
     tol = ATOL[CASES[name][6]] if name in CASES else 0.0
     assert res <= tol, f"{name}: max abs error {res}"
+
+
+@pytest.mark.parametrize("name", sorted(QUANT_CASES))
+def test_interpreter_quantized_cache(interpreter_results, name):
+    res = interpreter_results[name]
+    assert not isinstance(res, str), res
+    against_torch, against_float = res
+    base, kv = QUANT_CASES[name]
+    # Same bytes read, float32 sums in another order (float16 cases: ATOL, as without quantization).
+    assert against_torch <= (EXACT_TOL if CASES[base][6] == F32 else ATOL[F16]), f"{name}: {against_torch}"
+    assert 0 < against_float <= FLOAT_CACHE_TOL[kv], f"{name}: {against_float}"
 
 
 # ---- selector ----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 A backend owns its KV-cache layout and turns the backend-independent `CommonAttentionMetadata` (built by
 the ModelRunner each step) into whatever its kernels want; the model passes that result through to every
 Attention layer untouched. What every vx backend shares is written here once: the KV layout
-[2, num_blocks, block_size, num_kv_heads, head_dim], the write of new k/v by slot, the zeroed padding rows.
+[2, num_blocks, block_size, num_kv_heads, row] (row: head_dim values, or a quantized row, see `kv_format`), the
+write of new k/v by slot, the zeroed padding rows.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from vx.gpu.attention.kv_format import kv_cache_format
 
 
 @dataclass
@@ -55,32 +58,41 @@ class KVCacheWrite:
         return cls(slots[rows], rows)
 
     def apply(self, key_slots: torch.Tensor, value_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k/v [T, kv_heads, head_dim] into the caches' slot views (see `slot_views`)."""
+        """Store k/v [T, kv_heads, row] into the caches' slot views (see `slot_views`).
+
+        Rows of a quantized cache come already in its format (`KVCacheFormat.store`); others are cast to its dtype.
+        """
         if self.rows is None:
             n = self.slots.shape[0]
             k, v = k[:n], v[:n]
         else:
             k, v = k.index_select(0, self.rows), v.index_select(0, self.rows)
-        key_slots.index_copy_(0, self.slots, k.to(key_slots.dtype))
-        value_slots.index_copy_(0, self.slots, v.to(value_slots.dtype))
+        for cache, x in ((key_slots, k), (value_slots, v)):
+            as_bytes(cache).index_copy_(0, self.slots, as_bytes(x.to(cache.dtype)))
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A float8 tensor viewed as uint8 (torch's CPU copy and index kernels lack float8); others as they are."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
 def slot_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's key and value caches as [num_blocks * block_size, kv_heads, head_dim] views: row = slot."""
-    num_kv_heads, head_dim = kv_cache.shape[-2:]
-    return kv_cache[0].view(-1, num_kv_heads, head_dim), kv_cache[1].view(-1, num_kv_heads, head_dim)
+    """One layer's key and value caches as [num_blocks * block_size, kv_heads, row] views: first index = slot."""
+    num_kv_heads, row = kv_cache.shape[-2:]
+    return kv_cache[0].view(-1, num_kv_heads, row), kv_cache[1].view(-1, num_kv_heads, row)
 
 
 class AttentionImpl(ABC):
     """Per-layer attention computation of a backend (stateless apart from the layer's shape)."""
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, kv_cache_dtype: str = "auto") -> None:
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
+        self.kv_format = kv_cache_format(kv_cache_dtype)  # how its kv_cache stores K and V
 
     @abstractmethod
     def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
@@ -99,7 +111,7 @@ class AttentionBackend(ABC):
     """A family of attention kernels with its KV layout and metadata builder.
 
     The selector asks `unavailable_reason`, `unsupported_reason` and `is_paged`; their defaults describe a
-    backend that runs wherever torch does, for any shape, straight from the cache.
+    backend that runs wherever torch does, for any shape, straight from a cache in the model dtype.
     """
 
     @staticmethod
@@ -109,7 +121,10 @@ class AttentionBackend(ABC):
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """Shape of one layer's KV-cache tensor: keys and values, each [num_blocks, block_size, kv_heads, head_dim]."""
+        """Shape of one layer's KV-cache tensor: keys and values, each [num_blocks, block_size, kv_heads, head_dim].
+
+        For a quantized cache `head_dim` is the format's row width (`KVCacheFormat.row_width`).
+        """
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     @staticmethod
@@ -129,11 +144,22 @@ class AttentionBackend(ABC):
 
     @staticmethod
     def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
-                           block_size: int | None = None) -> str | None:
-        """Why the backend cannot serve this shape (None = it can); arguments left at None are not checked."""
-        return None
+                           block_size: int | None = None, kv_cache_dtype: str | None = None) -> str | None:
+        """Why the backend cannot serve this shape (None = it can); arguments left at None are not checked.
+
+        The default serves any shape, from a cache in the model dtype only: a backend that reads a quantized cache
+        says so in its own override.
+        """
+        return quantized_cache_refusal("this backend", kv_cache_dtype)
 
     @staticmethod
     def is_paged(block_size: int) -> bool:
         """Whether it attends straight from cache blocks of this size (False: it gathers a copy every layer)."""
         return True
+
+
+def quantized_cache_refusal(backend: str, kv_cache_dtype: str | None) -> str | None:
+    """The reason a backend that reads only model-dtype caches gives for a quantized `kv_cache_dtype`."""
+    if kv_cache_dtype is None or not kv_cache_format(kv_cache_dtype).quantized:
+        return None
+    return f"{backend} reads no {kv_cache_dtype} KV cache (kv_cache_dtype='auto' only)"

@@ -2,8 +2,9 @@
 
 Decode dominates a CPU step's attention time, and it is memory-bound: the torch backend gathers each context
 into a padded batch before SDPA, so the KV bytes cross memory three times. The kernel
-(`csrc/paged_decode.c`) streams each sequence's blocks once. Prefills, the KV write and anything the kernel
-does not handle (a dtype other than float32, a very large head) stay on the torch path.
+(`csrc/paged_decode.c`) streams each sequence's blocks once, from a float32 cache or a quantized one (fp8_e4m3,
+int8: decoded in registers, so a quarter of the bytes move). Prefills, the KV write and anything the kernel does not
+handle (a model dtype other than float32, a very large head) stay on the torch path.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def get_impl_cls() -> type[AttentionImpl]:
         return CpuAttentionImpl
 
-    # Every shape is accepted (the default unsupported_reason): what the kernel does not handle falls back to
-    # the torch path.
+    # Every shape and KV-cache format the torch backend serves is accepted: what the kernel does not handle falls
+    # back to the torch path.
     @staticmethod
     def unavailable_reason(device_type: str) -> str | None:
         """Why this backend cannot run here (None = it can)."""
@@ -64,13 +65,12 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
 
 class CpuAttentionImpl(TorchAttentionImpl):
-    """Decodes through the C kernel (float32); everything else as in the torch backend."""
+    """Decodes through the C kernel (float32 model; any KV-cache format); everything else as in the torch backend."""
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: Any, out: torch.Tensor) -> None:
         kernel = load_paged_decode_kernel()
-        if (kernel is not None and md.decode_rows is not None and q.dtype == torch.float32
-                and kv_cache.dtype == torch.float32
+        if (kernel is not None and md.decode_rows is not None
                 and kernel(q, md.decode_rows, kv_cache, md.decode_block_table, md.decode_seq_lens, self.scale,
-                           self.sliding_window, out, self.num_heads)):
+                           self.sliding_window, out, self.num_heads, self.kv_format)):
             return
         super()._decode(q, kv_cache, md, out)

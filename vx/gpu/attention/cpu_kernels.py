@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vx.gpu.attention.kv_format import KV_CACHE_FORMATS, KVCacheFormat
 from vx.kernels.build import load_library
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
@@ -22,33 +23,44 @@ _CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11
 _LIBS = ("-lmvec", "-lm")
 
 
+# kv_cache_dtype -> the kernel's kv_kind and the cache dtype it reads (csrc/paged_decode.c: KV_F32, KV_FP8, KV_INT8).
+_KV_KINDS = {"auto": (0, torch.float32), "fp8_e4m3": (1, torch.float8_e4m3fn), "int8": (2, torch.int8)}
+
+
 class PagedDecodeKernel:
-    """Decode attention (one query token per sequence) over the paged KV cache, read in place (float32)."""
+    """Decode attention (one query token per sequence) over the paged KV cache, read in place.
+
+    q and out are float32; the cache is float32, or quantized (fp8_e4m3, int8) and decoded as it is read.
+    """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        fn = lib.vx_paged_decode_f32
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [p, i64, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, i64, p, i64, p,
+        fn = lib.vx_paged_decode
+        p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        fn.argtypes = [p, i64, p, p, p, i64, i64, f32, f32, p, i64, p, i64, i64, i64, i64, i64, f32, i64, p, i64, p,
                        ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
 
     def __call__(self, q: torch.Tensor, q_rows: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                  seq_lens: torch.Tensor, scale: float, window: int | None, out: torch.Tensor,
-                 num_heads: int) -> bool:
+                 num_heads: int, kv_format: KVCacheFormat = KV_CACHE_FORMATS["auto"]) -> bool:
         """out[q_rows[i]] = attention of q[q_rows[i]] over sequence i's first seq_lens[i] cached tokens.
 
         q, out: float32 [T, H * D], each row contiguous (q may be a column slice of a wider projection);
-        kv_cache: contiguous [2, num_blocks, block_size, Hk, D]; block_table: int32 [S, nb] contiguous; seq_lens:
-        int32 [S]; q_rows: int64 [S]. Returns False (nothing written) for what the kernel does not handle, so
-        the caller can fall back.
+        kv_cache: contiguous [2, num_blocks, block_size, Hk, row] in `kv_format`; block_table: int32 [S, nb]
+        contiguous; seq_lens: int32 [S]; q_rows: int64 [S]. Returns False (nothing written) for what the kernel
+        does not handle, so the caller can fall back.
         """
-        _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
-        if (q.dim() != 2 or out.dim() != 2 or q.stride(1) != 1 or out.stride(1) != 1
-                or q.shape[1] != num_heads * head_dim or not kv_cache.is_contiguous()
-                or not block_table.is_contiguous()):
+        _, _, block_size, num_kv_heads, width = kv_cache.shape
+        head_dim = q.shape[1] // num_heads if q.dim() == 2 else 0
+        kind, cache_dtype = _KV_KINDS.get(kv_format.name, (None, None))
+        if (kind is None or kv_cache.dtype != cache_dtype or q.dtype != torch.float32 or out.dtype != torch.float32
+                or q.dim() != 2 or out.dim() != 2 or q.stride(1) != 1 or out.stride(1) != 1
+                or q.shape[1] != num_heads * head_dim or width != kv_format.row_width(head_dim)
+                or not kv_cache.is_contiguous() or not block_table.is_contiguous()):
             return False
         rc = self._fn(q.data_ptr(), q.stride(0), q_rows.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+                      kind, width * kv_cache.element_size(), kv_format.tensor_scale, kv_format.tensor_scale,
                       block_table.data_ptr(), block_table.shape[1], seq_lens.data_ptr(), seq_lens.shape[0],
                       num_heads, num_kv_heads, head_dim, block_size, scale, window or 0, out.data_ptr(),
                       out.stride(0), q_rows.data_ptr(), torch.get_num_threads())

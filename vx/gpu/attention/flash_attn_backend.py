@@ -12,6 +12,8 @@ FA2 constraints (flash_attn 2.x, `flash_api.cpp` / `flash_attn_interface.py`):
     the same function without a block table: correct, but it moves the whole context each layer, so
     `attention_backend='auto'` prefers triton there;
   * float16/bfloat16 only, head_dim <= 256 and a multiple of 8 (the cache cannot be padded), sm80+;
+  * K/V in the model dtype only: FA2 reads no fp8/int8 cache (FA3's fp8 path needs Hopper and another build), so a
+    quantized `kv_cache_dtype` is refused (`unsupported_reason`) and 'auto' takes triton instead;
   * causal masks align bottom-right (query j of a q_len chunk sees keys <= seq_len - q_len + j), which
     is vx's chunked-prefill semantics; a sliding window of W (the last W positions, itself included) is
     window_size=(W - 1, 0).
@@ -27,7 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite, slot_views
+from vx.gpu.attention.backend import (AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite,
+                                      quantized_cache_refusal, slot_views)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 PAGED_BLOCK_MULTIPLE = 256  # FA2's paged-KV page size requirement
@@ -84,8 +87,11 @@ class FlashAttnBackend(AttentionBackend):
 
     @staticmethod
     def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
-                           block_size: int | None = None) -> str | None:
+                           block_size: int | None = None, kv_cache_dtype: str | None = None) -> str | None:
         """Why this backend cannot serve the given shape (None = it can); unknown arguments pass."""
+        refusal = quantized_cache_refusal("FlashAttention-2", kv_cache_dtype)
+        if refusal is not None:
+            return refusal + "; use attention_backend='triton' or 'torch'"
         if dtype is not None and dtype not in SUPPORTED_DTYPES:
             return f"flash_attn supports float16/bfloat16 only, not {dtype} (use triton or torch for float32)"
         if head_dim is not None and not (0 < head_dim <= 256 and head_dim % 8 == 0):
@@ -135,9 +141,9 @@ class FlashAttnImpl(AttentionImpl):
         num_tokens = q.shape[0]
         n = md.num_actual_tokens
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if kv_cache.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"flash_attn supports float16/bfloat16 KV caches only, got {kv_cache.dtype}; "
-                             "use attention_backend='triton' or 'torch' for float32.")
+        if kv_cache.dtype not in SUPPORTED_DTYPES or self.kv_format.quantized:
+            raise ValueError(f"flash_attn supports float16/bfloat16 KV caches only, got {kv_cache.dtype} "
+                             f"(kv_cache_dtype={self.kv_format.name!r}); use attention_backend='triton' or 'torch'.")
         k = k.reshape(num_tokens, hk, d)
         v = v.reshape(num_tokens, hk, d)
         key_cache, value_cache = kv_cache[0], kv_cache[1]

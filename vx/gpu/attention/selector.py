@@ -26,24 +26,28 @@ def load_backend(name: str) -> type[AttentionBackend]:
 
 
 def backend_problem(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
-                    head_dim: int | None = None, block_size: int | None = None) -> str | None:
-    """Why backend `name` cannot serve this device/shape (None = it can). 'torch' always can."""
+                    head_dim: int | None = None, block_size: int | None = None,
+                    kv_cache_dtype: str | None = None) -> str | None:
+    """Why backend `name` cannot serve this device/shape/KV-cache format (None = it can)."""
     cls = load_backend(name)
     return (cls.unavailable_reason(torch.device(device).type)
-            or cls.unsupported_reason(dtype=dtype, head_dim=head_dim, block_size=block_size))
+            or cls.unsupported_reason(dtype=dtype, head_dim=head_dim, block_size=block_size,
+                                      kv_cache_dtype=kv_cache_dtype))
 
 
 def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
-                     head_dim: int | None = None, block_size: int | None = None) -> type[AttentionBackend]:
+                     head_dim: int | None = None, block_size: int | None = None,
+                     kv_cache_dtype: str | None = None) -> type[AttentionBackend]:
     """The backend class for `name` on `device`; the keyword arguments, when given, are checked too.
 
     'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
     is known, only if it is a multiple of 256: below that flash_attn gathers the context every layer),
     else triton if available, else torch; on CPU it takes cpu (torch with a C decode kernel) when that kernel
-    builds, else torch. Naming an unavailable backend raises a
-    ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, for tests).
+    builds, else torch. A backend that cannot read the `kv_cache_dtype` (flash_attn: a quantized cache) is passed
+    over. Naming an unavailable backend raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
+    (Triton's interpreter, for tests); when not even torch can serve the shape, 'auto' raises too.
     """
-    shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size)
+    shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size, kv_cache_dtype=kv_cache_dtype)
     if name == AUTO:
         order = _AUTO_ORDER_CUDA if torch.device(device).type == "cuda" else _AUTO_ORDER_ELSEWHERE
         for candidate in order:
@@ -52,6 +56,9 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
             paged = block_size is None or cls.is_paged(block_size)
             if paged and backend_problem(candidate, device, **shape) is None:
                 return cls
+        reason = backend_problem("torch", device, **shape)
+        if reason is not None:
+            raise ValueError(f"attention_backend='auto' found no backend: even torch cannot serve this ({reason}).")
         return load_backend("torch")
     reason = backend_problem(name, device, **shape)
     if reason is not None:

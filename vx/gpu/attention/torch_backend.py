@@ -8,6 +8,11 @@ k/v at `slot_mapping`, then:
   * every other request (prefill, or a chunk continuing a cached prefix) runs its own SDPA call. A
     prefill with no cached prefix attends to its own fresh k/v with is_causal, skipping the cache gather.
 Index tensors and masks are computed once per step in `build_metadata` and shared by every layer.
+
+A quantized cache (`kv_cache_dtype` fp8_e4m3 or int8, see kv_format.py) is quantized on write and dequantized to the
+model dtype right after each gather, before SDPA. A prefill with no cached prefix attends to its own k/v as the cache
+gives them back (quantized and dequantized, without the gather), as every other backend does: a prompt's result
+then does not depend on how it was chunked or whether its prefix came from the prefix cache.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite, slot_views
+from vx.gpu.attention.backend import (AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite, as_bytes,
+                                      slot_views)
+from vx.gpu.attention.kv_format import kv_cache_format
 
 
 @dataclass
@@ -105,6 +112,12 @@ class TorchAttentionBackend(AttentionBackend):
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchAttentionImpl
 
+    @staticmethod
+    def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
+                           block_size: int | None = None, kv_cache_dtype: str | None = None) -> str | None:
+        """Any shape, and every KV-cache format whose rows fit the head size."""
+        return None if kv_cache_dtype is None else kv_cache_format(kv_cache_dtype).unsupported_reason(head_dim)
+
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         """Split the batch into decodes and prefills and precompute their gather indices."""
@@ -169,6 +182,11 @@ def _decode_group(common: CommonAttentionMetadata, reqs: list[int], qsl: list[in
         positions=torch.arange(nb * bs, device=device)[None, :])
 
 
+def gather(cache: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """cache.index_select(dim, index), for float8 caches too (through a uint8 view)."""
+    return as_bytes(cache).index_select(dim, index).view(cache.dtype)
+
+
 class TorchAttentionImpl(AttentionImpl):
     """Per-layer forward of the torch backend."""
 
@@ -178,8 +196,11 @@ class TorchAttentionImpl(AttentionImpl):
         md = attn_metadata
         num_tokens = q.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        fmt = self.kv_format
         k = k.reshape(num_tokens, hk, d)
         v = v.reshape(num_tokens, hk, d)
+        if fmt.quantized:  # from here on k/v are the rows the cache stores
+            k, v = fmt.store(k, kv_cache.dtype), fmt.store(v, kv_cache.dtype)
         key_cache, value_cache = slot_views(kv_cache)
         md.kv_write.apply(key_cache, value_cache, k, v)
 
@@ -190,9 +211,10 @@ class TorchAttentionImpl(AttentionImpl):
         for i, p in enumerate(md.prefills):
             qp = q[p.start:p.end].reshape(p.q_len, h, d).transpose(0, 1).unsqueeze(0)
             if p.ctx_slots is None:
-                kp, vp = k[p.start:p.end], v[p.start:p.end]
+                kp, vp = fmt.load(k[p.start:p.end], q.dtype), fmt.load(v[p.start:p.end], q.dtype)
             else:
-                kp, vp = key_cache.index_select(0, p.ctx_slots), value_cache.index_select(0, p.ctx_slots)
+                kp = fmt.load(gather(key_cache, 0, p.ctx_slots), q.dtype)
+                vp = fmt.load(gather(value_cache, 0, p.ctx_slots), q.dtype)
             kp = kp.transpose(0, 1).unsqueeze(0)
             vp = vp.transpose(0, 1).unsqueeze(0)
             mask = md.prefill_mask(i, self.sliding_window, q.device)
@@ -211,7 +233,8 @@ class TorchAttentionImpl(AttentionImpl):
             qd = q[grp.rows].reshape(n, hk, self.num_heads // hk, d)
             # Whole blocks, keys and values in one copy: index_select copies contiguous slices (measured 4-5x
             # faster on CPU than advanced indexing, which goes element by element).
-            kv = kv_cache.index_select(1, grp.blocks.flatten()).view(2, n, length, hk, d)
+            kv = gather(kv_cache, 1, grp.blocks.flatten()).view(2, n, length, hk, kv_cache.shape[-1])
+            kv = self.kv_format.load(kv, q.dtype)
             kd, vd = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [G, hk, L, d]
             o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md.decode_mask(g, self.sliding_window),
                                                scale=self.scale)

@@ -10,6 +10,10 @@ production, 4/8 in tests); head_dim up to 256 (padded to a power of two >= 16 in
 float32 (IEEE dot products, no TF32), bfloat16 and float16. Runs on CUDA, or on CPU tensors under Triton's
 interpreter (TRITON_INTERPRET=1, for tests).
 
+A quantized cache (`kv_cache_dtype` fp8_e4m3 / int8): the step's k/v are quantized in torch (`KVCacheFormat.store`,
+elementwise, no host sync) and the write kernel copies their bytes like any row; the attention kernel reads the
+codes and dequantizes them per tile (KV_KIND), so the cache is never expanded.
+
 Per step `build_metadata` keeps the shared index tensors; the (request, first query) list of the query
 tiles depends on the tile height, so it is built by the first layer and cached for the others.
 """
@@ -26,10 +30,13 @@ from typing import Any
 
 import torch
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, as_bytes
+from vx.gpu.attention.kv_format import kv_cache_format
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
+# kv_cache_dtype -> the attention kernel's KV_KIND: how it reads the cache's rows.
+_KV_KINDS = {"auto": 0, "fp8_e4m3": 1, "int8": 2}
 
 
 @lru_cache(maxsize=None)
@@ -127,8 +134,12 @@ class TritonAttentionBackend(AttentionBackend):
 
     @staticmethod
     def unsupported_reason(*, dtype: torch.dtype | None = None, head_dim: int | None = None,
-                           block_size: int | None = None) -> str | None:
+                           block_size: int | None = None, kv_cache_dtype: str | None = None) -> str | None:
         """Why this backend cannot serve the given shape (None = it can); unknown arguments pass."""
+        if kv_cache_dtype is not None:
+            reason = kv_cache_format(kv_cache_dtype).unsupported_reason(head_dim)
+            if reason is not None:
+                return reason
         if dtype is not None and dtype not in SUPPORTED_DTYPES:
             return f"triton attention supports float32/bfloat16/float16, not {dtype}"
         if head_dim is not None and not 0 < head_dim <= MAX_HEAD_DIM:
@@ -166,39 +177,55 @@ class TritonAttentionImpl(AttentionImpl):
         num_tokens = q.shape[0]
         n = md.num_actual_tokens
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if kv_cache.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"triton attention does not support KV-cache dtype {kv_cache.dtype}.")
-        if kv_cache.dtype == torch.bfloat16 and kv_cache.device.type == "cpu":
+        fmt = self.kv_format
+        # The dtype of the dot products: the cache's, or for a quantized cache the model's (q's).
+        compute_dtype = q.dtype if fmt.quantized else kv_cache.dtype
+        if compute_dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"triton attention does not support {compute_dtype} (KV cache {kv_cache.dtype}).")
+        if compute_dtype == torch.bfloat16 and kv_cache.device.type == "cpu":
             # Triton 3.9's interpreter multiplies bf16 tiles as raw integers: refuse instead of garbage.
             raise ValueError("triton attention under TRITON_INTERPRET=1 supports float32/float16 only; "
                              "bfloat16 needs CUDA.")
         q = _row_major(q, num_tokens, h * d)
-        k = _row_major(k, num_tokens, hk * d)
-        v = _row_major(v, num_tokens, hk * d)
-        if k.dtype != kv_cache.dtype:
-            k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
-        key_cache, value_cache = kv_cache[0], kv_cache[1]
-        slot_stride = hk * d  # the cache is allocated contiguous: one slot is one [hk, d] row
+        width = kv_cache.shape[-1]  # a row of the cache: head_dim values, or a quantized row
+        if fmt.quantized:
+            k = as_bytes(fmt.store(k.reshape(num_tokens, hk, d), kv_cache.dtype)).reshape(num_tokens, hk * width)
+            v = as_bytes(fmt.store(v.reshape(num_tokens, hk, d), kv_cache.dtype)).reshape(num_tokens, hk * width)
+        else:
+            k = _row_major(k, num_tokens, hk * d)
+            v = _row_major(v, num_tokens, hk * d)
+            if k.dtype != kv_cache.dtype:
+                k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+        key_cache, value_cache = as_bytes(kv_cache[0]), as_bytes(kv_cache[1])
+        slot_stride = hk * width  # the cache is allocated contiguous: one slot is one [hk, width] row
         if n > 0:
-            row_pad = _next_pow2(hk * d)
+            row_pad = _next_pow2(hk * width)
             kern.write_kv_kernel[(n,)](
                 k, v, key_cache, value_cache, md.slot_mapping,
-                k.stride(0), v.stride(0), slot_stride, ROW=hk * d, ROW_PAD=row_pad)
+                k.stride(0), v.stride(0), slot_stride, ROW=hk * width, ROW_PAD=row_pad)
 
         out = self.new_output(q, n)
         if n == 0:
             return out
-        cfg = tile_config(h, hk, d, kv_cache.dtype, md.max_query_len <= 1)
+        kind = _KV_KINDS[fmt.name]
+        if kind == 2:  # int8: each row's float32 scale follows its codes
+            scales = kv_cache.view(torch.float32)
+            k_scales, v_scales = scales[0], scales[1]
+        else:  # unused by the kernel
+            k_scales, v_scales = key_cache, value_cache
+        cfg = tile_config(h, hk, d, compute_dtype, md.max_query_len <= 1)
         tile_req, tile_q0 = md.tiles(cfg.block_q)
         window = self.sliding_window
         kern.paged_attention_kernel[(tile_req.numel(), hk)](
-            q, key_cache, value_cache, out, tile_req, tile_q0,
+            q, key_cache, value_cache, out, k_scales, v_scales, tile_req, tile_q0,
             md.query_start_loc, md.seq_lens, md.block_table,
-            self.scale * math.log2(math.e), window if window is not None else 0,
-            q.stride(0), d, out.stride(0), d, slot_stride, d, md.block_table.stride(0),
+            self.scale * fmt.tensor_scale * math.log2(math.e), fmt.tensor_scale,
+            window if window is not None else 0,
+            q.stride(0), d, out.stride(0), d, slot_stride, width, md.block_table.stride(0),
+            slot_stride // 4, width // 4, d // 4,
             GROUP=h // hk, GROUP_PAD=cfg.group_pad, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, HEAD_DIM=d, HEAD_DIM_PAD=cfg.head_dim_pad, KV_BLOCK_SIZE=md.block_size,
             USE_WINDOW=window is not None,
-            DOT_PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
-            num_warps=cfg.num_warps)
+            DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
+            KV_KIND=kind, num_warps=cfg.num_warps)
         return out

@@ -2,7 +2,12 @@
 
 Imported only once the triton backend is chosen (see `triton_backend._kernels`), so that the process
 decides `TRITON_INTERPRET` before triton sees any kernel. Both kernels address one layer's cache through
-a flat per-slot view: slot = physical_block * block_size + offset, row = [num_kv_heads, head_dim].
+a flat per-slot view: slot = physical_block * block_size + offset, row = [num_kv_heads, row width].
+
+A quantized cache (kv_format.py) reaches the attention kernel as its codes: KV_KIND 1 is float8 e4m3 read as uint8
+and decoded with integer ops (`fp8_e4m3_to_f32`: the same on every GPU and in the interpreter, which has no
+float8 conversion of its own), KV_KIND 2 is int8 with each row's float32 scale read through a float32 view of the
+same cache. Keys and values are dequantized to float32, then cast to q's dtype for the dot products.
 """
 
 from __future__ import annotations
@@ -34,16 +39,32 @@ def write_kv_kernel(
 
 
 @triton.jit
+def fp8_e4m3_to_f32(code):
+    """float8 e4m3fn codes (uint8) -> float32: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is
+    subnormal. Built from a normal power of two, so no float32 subnormal (flushed on some paths) is ever made."""
+    b = code.to(tl.int32) & 0xFF
+    e = (b >> 3) & 15
+    m = b & 7
+    mant = tl.where(e == 0, m, m + 8).to(tl.float32)
+    pow2 = ((tl.maximum(e, 1) + 117) << 23).to(tl.float32, bitcast=True)  # 2^(max(e, 1) - 10)
+    x = mant * pow2
+    return tl.where(b >= 128, -x, x)
+
+
+@triton.jit
 def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    k_scale_ptr, v_scale_ptr,
     tile_req_ptr, tile_q0_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    qk_scale, window,
+    qk_scale, out_scale, window,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_cache_slot, stride_cache_head, stride_bt_req,
+    stride_scale_slot, stride_scale_head, scale_offset,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_KIND: tl.constexpr,
 ):
     """Causal attention of up to BLOCK_Q query tokens of one request, for all query heads of one kv head.
 
@@ -53,6 +74,9 @@ def paged_attention_kernel(
     share every K/V load. Query j of a request sits at absolute position seq_len - q_len + j and sees keys
     0..position (and, with a window, only the last `window` of them). K/V are read through the block table
     BLOCK_N positions at a time with an online softmax in float32 (exp2; qk_scale includes log2(e)).
+    KV_KIND: 0 the model dtype, 1 float8 e4m3 codes, 2 int8 codes with a float32 scale per row (k/v_scale_ptr: the
+    caches as float32, a row's scale at slot * stride_scale_slot + head * stride_scale_head + scale_offset).
+    out_scale multiplies the output (a quantized cache's per-tensor V scale; its K scale is inside qk_scale).
     """
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -71,7 +95,9 @@ def paged_attention_kernel(
     d_ok = offs_d < HEAD_DIM
     q_rows = (tok_begin + q_idx).to(tl.int64)
     q = tl.load(q_ptr + q_rows[:, None] * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(k_cache_ptr.dtype.element_ty)
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if KV_KIND == 0:
+        q = q.to(k_cache_ptr.dtype.element_ty)
     q_pos = ctx_len + q_idx
 
     # Keys this tile can see: up to its last query's position; with a window, from its first query's.
@@ -86,6 +112,8 @@ def paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     k_base = k_cache_ptr + kv_head * stride_cache_head
     v_base = v_cache_ptr + kv_head * stride_cache_head
+    k_scale_base = k_scale_ptr + kv_head * stride_scale_head + scale_offset
+    v_scale_base = v_scale_ptr + kv_head * stride_scale_head + scale_offset
     bt_row = block_table_ptr + req.to(tl.int64) * stride_bt_req
     for start_n in range(kv_lo, kv_hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -94,7 +122,12 @@ def paged_attention_kernel(
         phys = tl.load(bt_row + offs_n // KV_BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
         slot = phys * KV_BLOCK_SIZE + offs_n % KV_BLOCK_SIZE
         k = tl.load(k_base + slot[None, :] * stride_cache_slot + offs_d[:, None],
-                    mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+                    mask=n_ok[None, :] & d_ok[:, None], other=0)
+        if KV_KIND == 1:
+            k = fp8_e4m3_to_f32(k).to(q.dtype)
+        elif KV_KIND == 2:
+            k_row_scale = tl.load(k_scale_base + slot * stride_scale_slot, mask=n_ok, other=0.0)
+            k = (k.to(tl.float32) * k_row_scale[None, :]).to(q.dtype)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if USE_WINDOW:
@@ -107,10 +140,15 @@ def paged_attention_kernel(
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + slot[:, None] * stride_cache_slot + offs_d[None, :],
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+                    mask=n_ok[:, None] & d_ok[None, :], other=0)
+        if KV_KIND == 1:
+            v = fp8_e4m3_to_f32(v).to(q.dtype)
+        elif KV_KIND == 2:
+            v_row_scale = tl.load(v_scale_base + slot * stride_scale_slot, mask=n_ok, other=0.0)
+            v = (v.to(tl.float32) * v_row_scale[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * out_scale
     tl.store(out_ptr + q_rows[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

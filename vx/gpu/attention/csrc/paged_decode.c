@@ -4,21 +4,70 @@
  * traffic of a step that is memory-bound. Here each (sequence, kv head) task streams its blocks once, with an
  * online softmax over the block's tokens for the group of query heads that share the kv head (GQA).
  *
- * Layouts (all contiguous, float32):
- *   q, out:       rows of [H * D] (head-major, row strides q_stride / out_stride); sequence i's query is row
- *                 q_rows[i], its output row out_rows[i]
- *   k/v cache:    [num_blocks, block_size, Hk, D]
+ * Layouts (all contiguous):
+ *   q, out:       float32 rows of [H * D] (head-major, row strides q_stride / out_stride); sequence i's query is
+ *                 row q_rows[i], its output row out_rows[i]
+ *   k/v cache:    [num_blocks, block_size, Hk, row] where a row is one token's key (value) for one kv head, per
+ *                 kv_kind (vx/gpu/attention/kv_format.py): KV_F32 D floats; KV_FP8 D float8 e4m3 codes; KV_INT8 D
+ *                 int8 codes then the row's float32 scale. tensor_scale_k/v multiply every key/value (fp8's
+ *                 per-tensor scale; 1 otherwise).
  *   block_table:  int32 [num_seqs, bt_stride]; seq_lens: int32 [num_seqs]
  * window > 0 limits attention to the last `window` positions (the query's own included), as in HF.
+ * The 8-bit kinds are decoded 16 rows at a time into a small float buffer (in L1) that serves every query head of
+ * the group: a quarter of the float32 cache's bytes cross memory, each code is decoded once, and int8's row scales
+ * are folded into the score (K) and the softmax weight (V) rather than into each element. (Decoding each row inside
+ * every head's loop instead, once per head, measured ~2x slower for fp8 at 3 heads per kv head.)
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+enum { KV_F32 = 0, KV_FP8 = 1, KV_INT8 = 2 };
 
 #define MAX_GROUP 32   /* query heads per kv head */
 #define MAX_DIM 256    /* head_dim */
 #define MAX_BLOCK 128  /* block_size */
 #define NEG_BIG -1e30f /* the running max before any score: finite, since the file builds with -ffast-math */
+
+/* float8 e4m3fn -> float: sign, 4 exponent bits (bias 7), 3 mantissa bits, exponent 0 subnormal. Built from a
+ * normal power of two, so it never makes a float subnormal (which a flush-to-zero process would zero). Integer ops
+ * and a multiply: gcc vectorizes the loops that call it. */
+static inline float fp8_e4m3_to_float(uint8_t code) {
+    const int32_t e = (code >> 3) & 15, m = code & 7;
+    const uint32_t pow2_bits = (uint32_t)((e > 1 ? e : 1) + 117) << 23; /* 2^(max(e, 1) - 10) */
+    float pow2;
+    memcpy(&pow2, &pow2_bits, sizeof pow2);
+    const float x = (float)(e ? m + 8 : m) * pow2;
+    return code & 0x80 ? -x : x;
+}
+
+/* The row's own scale: KV_INT8 keeps a float32 after its head_dim codes; the others have none. */
+static inline __attribute__((always_inline)) float row_scale(const uint8_t *row, int64_t head_dim, const int kind) {
+    if (kind != KV_INT8) return 1.f;
+    float s;
+    memcpy(&s, row + head_dim, sizeof s);
+    return s;
+}
+
+/* n 8-bit cache rows (byte stride `stride`) decoded into floats (row stride head_dim) and their scales. */
+static inline __attribute__((always_inline)) void decode_rows(const uint8_t *rows, int64_t stride, int64_t n,
+                                                              int64_t head_dim, const int kind, float *restrict out,
+                                                              float *restrict scales) {
+    for (int64_t t = 0; t < n; t++) {
+        const uint8_t *row = rows + t * stride;
+        float *o = out + t * head_dim;
+        if (kind == KV_FP8) {
+#pragma omp simd
+            for (int64_t i = 0; i < head_dim; i++) o[i] = fp8_e4m3_to_float(row[i]);
+        } else {
+            const int8_t *codes = (const int8_t *)row;
+#pragma omp simd
+            for (int64_t i = 0; i < head_dim; i++) o[i] = (float)codes[i];
+        }
+        scales[t] = row_scale(row, head_dim, kind);
+    }
+}
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.f;
@@ -27,13 +76,20 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return s;
 }
 
-/* One (sequence, kv head) task. Always inlined, so that the dispatch below can give it a constant head_dim:
- * the compiler then unrolls the per-token dot products and vector updates completely. */
+/* One (sequence, kv head) task. Always inlined, so that the dispatch below can give it a constant head_dim and
+ * kind: the compiler then unrolls the per-token dot products and vector updates completely.
+ * The context goes by chunks of up to CHUNK tokens (one block, or a part of a larger one). A float32 chunk is read
+ * in place; an 8-bit one is first decoded into a small float buffer, once for all the query heads of the group.
+ * Then each head runs through the chunk with its query and its accumulator held in registers: scores, the online
+ * softmax update, the weighted values. */
+#define CHUNK 16
 static inline __attribute__((always_inline)) void attend(
-        const float *restrict qs, float *restrict os, const float *k_cache, const float *v_cache,
-        const int32_t *blocks, int64_t len, int64_t first, int64_t group, const int64_t head_dim,
-        int64_t block_size, int64_t tok_stride, int64_t blk_stride, int64_t kh, float scale) {
-    float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[MAX_GROUP * MAX_BLOCK];
+        const float *restrict qs, float *restrict os, const uint8_t *k_cache, const uint8_t *v_cache,
+        const int32_t *blocks, int64_t len, int64_t first, int64_t group, const int64_t head_dim, const int kind,
+        int64_t block_size, int64_t row_bytes, int64_t tok_stride, int64_t blk_stride, int64_t kh, float scale) {
+    float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[CHUNK];
+    float kbuf[kind == KV_F32 ? 1 : CHUNK * MAX_DIM], vbuf[kind == KV_F32 ? 1 : CHUNK * MAX_DIM];
+    float kscale[CHUNK], vscale[CHUNK];
     for (int64_t g = 0; g < group; g++) {
         m[g] = NEG_BIG;
         l[g] = 0.f;
@@ -42,37 +98,52 @@ static inline __attribute__((always_inline)) void attend(
     for (int64_t b = first / block_size; b * block_size < len; b++) {
         const int64_t t0 = b * block_size > first ? 0 : first - b * block_size;
         const int64_t t1 = (b + 1) * block_size <= len ? block_size : len - b * block_size;
-        const float *kb = k_cache + blocks[b] * blk_stride + kh * head_dim;
-        const float *vb = v_cache + blocks[b] * blk_stride + kh * head_dim;
-        for (int64_t g = 0; g < group; g++) {
-            const float *qg = qs + g * head_dim;
-            float *pg = p + g * block_size;
-            float bmax = NEG_BIG;
-            for (int64_t t = t0; t < t1; t++) {
-                const float sc = dot(qg, kb + t * tok_stride, head_dim) * scale;
-                pg[t] = sc;
-                bmax = sc > bmax ? sc : bmax;
+        const uint8_t *kb = k_cache + blocks[b] * blk_stride + kh * row_bytes;
+        const uint8_t *vb = v_cache + blocks[b] * blk_stride + kh * row_bytes;
+        for (int64_t c0 = t0; c0 < t1; c0 += CHUNK) {
+            const int64_t n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
+            const float *kf, *vf;
+            int64_t fstride; /* floats from one row to the next */
+            if (kind == KV_F32) {
+                kf = (const float *)(kb + c0 * tok_stride);
+                vf = (const float *)(vb + c0 * tok_stride);
+                fstride = tok_stride / (int64_t)sizeof(float);
+            } else {
+                decode_rows(kb + c0 * tok_stride, tok_stride, n, head_dim, kind, kbuf, kscale);
+                decode_rows(vb + c0 * tok_stride, tok_stride, n, head_dim, kind, vbuf, vscale);
+                kf = kbuf;
+                vf = vbuf;
+                fstride = head_dim;
             }
-            const float new_m = bmax > m[g] ? bmax : m[g];
-            const float correction = expf(m[g] - new_m); /* 0 on the first block */
-            float bsum = 0.f;
-            /* A separate loop, so that the compiler calls the vector expf (libmvec). */
+            for (int64_t g = 0; g < group; g++) {
+                const float *qg = qs + g * head_dim;
+                float bmax = NEG_BIG;
+                for (int64_t t = 0; t < n; t++) {
+                    const float sc = dot(qg, kf + t * fstride, head_dim) * scale * (kind == KV_INT8 ? kscale[t] : 1.f);
+                    p[t] = sc;
+                    bmax = sc > bmax ? sc : bmax;
+                }
+                const float new_m = bmax > m[g] ? bmax : m[g];
+                const float correction = expf(m[g] - new_m); /* 0 on the first chunk */
+                float bsum = 0.f;
+                /* A separate loop, so that the compiler calls the vector expf (libmvec). */
 #pragma omp simd reduction(+ : bsum)
-            for (int64_t t = t0; t < t1; t++) {
-                pg[t] = expf(pg[t] - new_m);
-                bsum += pg[t];
-            }
-            float *ag = acc + g * head_dim;
-            l[g] = l[g] * correction + bsum;
+                for (int64_t t = 0; t < n; t++) {
+                    p[t] = expf(p[t] - new_m);
+                    bsum += p[t];
+                }
+                float *ag = acc + g * head_dim;
+                l[g] = l[g] * correction + bsum;
 #pragma omp simd
-            for (int64_t d = 0; d < head_dim; d++) ag[d] *= correction;
-            for (int64_t t = t0; t < t1; t++) {
-                const float w = pg[t];
-                const float *vt = vb + t * tok_stride;
+                for (int64_t d = 0; d < head_dim; d++) ag[d] *= correction;
+                for (int64_t t = 0; t < n; t++) {
+                    const float w = p[t] * (kind == KV_INT8 ? vscale[t] : 1.f);
+                    const float *vt = vf + t * fstride;
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++) ag[d] += w * vt[d];
+                    for (int64_t d = 0; d < head_dim; d++) ag[d] += w * vt[d];
+                }
+                m[g] = new_m;
             }
-            m[g] = new_m;
         }
     }
     for (int64_t g = 0; g < group; g++) {
@@ -81,15 +152,18 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
-int vx_paged_decode_f32(const float *q, int64_t q_stride, const int64_t *q_rows, const float *k_cache,
-                        const float *v_cache, const int32_t *block_table, int64_t bt_stride, const int32_t *seq_lens,
-                        int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                        int64_t block_size, float scale, int64_t window, float *out, int64_t out_stride,
-                        const int64_t *out_rows, int num_threads) {
+int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, const uint8_t *k_cache,
+                    const uint8_t *v_cache, int64_t kv_kind, int64_t row_bytes, float tensor_scale_k,
+                    float tensor_scale_v, const int32_t *block_table, int64_t bt_stride, const int32_t *seq_lens,
+                    int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                    float scale, int64_t window, float *out, int64_t out_stride, const int64_t *out_rows,
+                    int num_threads) {
     const int64_t group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK || num_heads % num_kv_heads) return -1;
-    const int64_t tok_stride = num_kv_heads * head_dim;
+    if (kv_kind < KV_F32 || kv_kind > KV_INT8) return -1;
+    const int64_t tok_stride = num_kv_heads * row_bytes;
     const int64_t blk_stride = block_size * tok_stride;
+    const float score_scale = scale * tensor_scale_k;
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t task = 0; task < num_seqs * num_kv_heads; task++) {
@@ -99,15 +173,21 @@ int vx_paged_decode_f32(const float *q, int64_t q_stride, const int64_t *q_rows,
         const float *qs = q + q_rows[s] * q_stride + kh * group * head_dim;
         float *os = out + out_rows[s] * out_stride + kh * group * head_dim;
         const int32_t *blocks = block_table + s * bt_stride;
-        if (head_dim == 64)
-            attend(qs, os, k_cache, v_cache, blocks, len, first, group, 64, block_size, tok_stride, blk_stride, kh,
-                   scale);
-        else if (head_dim == 128)
-            attend(qs, os, k_cache, v_cache, blocks, len, first, group, 128, block_size, tok_stride, blk_stride, kh,
-                   scale);
-        else
-            attend(qs, os, k_cache, v_cache, blocks, len, first, group, head_dim, block_size, tok_stride,
-                   blk_stride, kh, scale);
+/* Every (kind, head_dim) pair the dispatch names gets its own fully specialised copy of attend. */
+#define ATTEND(KIND, DIM)                                                                                          \
+    attend(qs, os, k_cache, v_cache, blocks, len, first, group, DIM, KIND, block_size, row_bytes, tok_stride,     \
+           blk_stride, kh, score_scale)
+#define ATTEND_KIND(KIND)                                                                                          \
+    do {                                                                                                           \
+        if (head_dim == 64) ATTEND(KIND, 64);                                                                      \
+        else if (head_dim == 128) ATTEND(KIND, 128);                                                               \
+        else ATTEND(KIND, head_dim);                                                                               \
+    } while (0)
+        if (kv_kind == KV_FP8) ATTEND_KIND(KV_FP8);
+        else if (kv_kind == KV_INT8) ATTEND_KIND(KV_INT8);
+        else ATTEND_KIND(KV_F32);
+        if (tensor_scale_v != 1.f)
+            for (int64_t i = 0; i < group * head_dim; i++) os[i] *= tensor_scale_v;
     }
     return 0;
 }
