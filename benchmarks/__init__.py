@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "async_overhead": "TTFT and per-token latency of AsyncLLM over the process boundary vs the in-process engine",
     "startup": "time from AsyncLLM(...) to the first streamed token of a fresh engine (default model)",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
+    "quantization": "per weight format: bytes, load time, RSS, batch-1 and batched tokens/s; float path and llama.cpp",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
 }
 
