@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "hf_quantization": "int8/int4 at load and FP8 layouts vs the float path: weight bytes, logits error, matmul and "
                        "decode speed, engine RSS",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
+    "quantization": "per weight format: bytes, load time, RSS, batch-1 and batched tokens/s; float path and llama.cpp",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
 }
 
