@@ -35,7 +35,7 @@
 /* Rows of x per register tile: the accumulators (2 * MB vectors) plus the two weight vectors, the broadcast x
  * and (direct path) four scale/zero vectors must fit the register file: 16 vector registers with AVX2, 32 with
  * AVX-512. The direct path dequantizes in registers for every tile of rows, so it serves few rows; above
- * DIRECT_MAX rows the panel is dequantized once per k-tile into a buffer that every row tile reuses. */
+ * MB_DIRECT rows the panel is dequantized once per k-tile into a buffer that every row tile reuses. */
 #if VX_VEC_BYTES == 64
 #define MB_DIRECT 8
 #define MB_TILE 12
@@ -43,7 +43,6 @@
 #define MB_DIRECT 4
 #define MB_TILE 6
 #endif
-#define DIRECT_MAX MB_DIRECT
 
 typedef float vf __attribute__((vector_size(VX_VEC_BYTES)));
 
@@ -125,7 +124,7 @@ AI void put(float *y, vf a0, vf a1, int64_t valid, int add) {
 AI void panel_direct(const float *x, int64_t K, const int MB, const void *panel, const float *sz, int64_t G,
                      const int bits, float *y, int64_t ldy, int64_t valid) {
     enum { UMAX = 4 };
-    const int U = MB >= 4 ? 1 : MB == 1 ? 4 : 2;
+    const int U = MB == 1 ? 4 : MB == 2 ? 2 : 1; /* 8 accumulators at most: with MB = 3, U = 2 would spill */
     vf acc[MB_DIRECT][2][UMAX];
     for (int m = 0; m < MB; m++)
         for (int u = 0; u < U; u++) acc[m][0][u] = acc[m][1][u] = (vf){0};
@@ -214,7 +213,7 @@ AI void panel_tiled(const float *x, int64_t M, int64_t K, const void *panel, con
 
 AI void one_panel(const float *x, int64_t M, int64_t K, const void *panel, const float *sz, int64_t G,
                   const int bits, float *y, int64_t ldy, int64_t valid) {
-    if (M > DIRECT_MAX) {
+    if (M > MB_DIRECT) {
         panel_tiled(x, M, K, panel, sz, G, bits, y, ldy, valid);
         return;
     }
