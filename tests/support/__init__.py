@@ -9,5 +9,9 @@
 - `server`: a `vx serve` subprocess, and raw HTTP/1.1 over a socket;
 - `worker_view`: the workers' side of the step contract, for the scheduler tests;
 - `faulty_executors`: executors that raise inside `execute_model` (after N steps, or once a file exists), which an
-  engine uses when `distributed_executor_backend` names one.
+  engine uses when `distributed_executor_backend` names one;
+- `quantized_checkpoints`: AWQ, GPTQ and FP8 checkpoints packed from a tiny model's float weights, each beside its
+  float twin with the dequantized weights;
+- `vx_outputs`: a model directory loaded as the engine resolves it, its prefill logits, its greedy tokens through
+  `vx.LLM`, and the bytes its linear layers' weights take.
 """
