@@ -15,4 +15,8 @@
   engine uses when `distributed_executor_backend` names one;
 - `quant_matmul`: random weight-only quantized layers, their float64 weight, and the rounding bound a quantized
   matmul must meet against it.
+- `quantized_checkpoints`: AWQ, GPTQ and FP8 checkpoints packed from a tiny model's float weights, each beside its
+  float twin with the dequantized weights;
+- `vx_outputs`: a model directory loaded as the engine resolves it, its prefill logits, its greedy tokens through
+  `vx.LLM`, and the bytes its linear layers' weights take.
 """
