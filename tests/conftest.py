@@ -54,8 +54,33 @@ def tiny_model_dir(tiny_model_dirs) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """`tiny_gguf(types, tied=False)` -> TinyGGUF: a seeded tiny Llama written as a GGUF file with its weights in
+    `types` (a GGML type name, or "Q4_K_M" for tests.support.tiny_gguf.q4_k_m_like), and the same weights dequantized
+    by gguf in a float directory; built once per session per (types, tied), sharing one tokenizer."""
+    from gguf import GGMLQuantizationType
+
+    from tests.support.tiny_gguf import q4_k_m_like, uniform, write_tiny_gguf
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
+
+    tokenizer_dir = str(tmp_path_factory.mktemp("gguf-tokenizer"))
+    make_tiny_tokenizer(tokenizer_dir)
+    cache = {}
+
+    def get(types: str, tied: bool = False):
+        if (types, tied) not in cache:
+            chooser = q4_k_m_like if types == "Q4_K_M" else uniform(GGMLQuantizationType[types])
+            folder = tmp_path_factory.mktemp(f"gguf-{types}-{'tied' if tied else 'untied'}")
+            cache[types, tied] = write_tiny_gguf(folder, chooser, tied=tied, tokenizer_dir=tokenizer_dir)
+        return cache[types, tied]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def default_model_dir() -> str:
-    """The bundled SmolLM2-135M-Instruct, converted from GGUF once into the vx cache."""
+    """The bundled SmolLM2-135M-Instruct's config directory (config, tokenizer; its weights stay in the GGUF
+    file), written once into the vx cache."""
     from vx.model_source import default_model_file, resolve_model
 
     try:
