@@ -13,7 +13,9 @@ BENCHMARKS: dict[str, str] = {
     "throughput": "offline tokens/s on a mixed workload, vx vs Hugging Face generate",
     "roofline": "GEMM GFLOP/s and memory bandwidth at the model's shapes; the decode-step lower bound",
     "quant_matmul": "weight-only int4/int8 matmuls (torch's ops, torchao, vx's C kernel) vs float F.linear",
-    "decode_step": "one pure-decode step of a batch per attention backend (torch gather + SDPA vs the C kernel)",
+    "decode_step": "one pure-decode step of a batch per attention backend (torch gather + SDPA vs the C kernel) and "
+                   "KV-cache dtype",
+    "kv_cache_dtype": "accuracy per byte of the 8-bit KV caches (fp8_e4m3, int8) beside the float cache",
     "engine_overhead": "scheduler + KV cache manager + input building time per request per step, no model",
     "prefix_caching": "time to first token of requests sharing a long prefix, prefix caching on vs off",
     "streaming": "TTFT and inter-token latency percentiles under Poisson arrivals, AsyncLLM vs in-process",

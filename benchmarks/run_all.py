@@ -46,6 +46,8 @@ FULL: list[tuple[str, list[str]]] = [
     ("throughput", ["--model", "qwen2.5-0.5b-random"]),
     ("decode_step", []),
     ("quant_matmul", []),
+    ("decode_step", ["--backends", "auto", "--kv-cache-dtypes", "auto,fp8_e4m3,int8", "--batch", "32",
+                     "--context", "1000", "--repeats", "5"]),
     ("prefix_caching", ["--full"]),
     ("streaming", ["--num-requests", "64", "--rate", "1"]),
     ("async_overhead", []),

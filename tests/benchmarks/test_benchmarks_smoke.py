@@ -9,7 +9,8 @@ import pytest
 
 from benchmarks import BENCHMARKS, get_main
 from benchmarks import run_all
-from benchmarks.common import Table, build_random_model, make_workload, percentile, poisson_arrivals
+from benchmarks.common import (RANDOM_MODEL_SHAPES, Table, build_random_model, make_workload, percentile,
+                               poisson_arrivals)
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +128,26 @@ def test_hf_quantization(micro_model, capsys):
     out = capsys.readouterr().out
     assert "int4 (shipped: groups of 32)" in out and "fp8 -> int8 per channel" in out
     assert "Batch-1 decode through the engine" in out and "vs float" in out
+
+
+def test_decode_step_per_kv_cache_dtype(micro_model, capsys):
+    get_main("decode_step")(["--model", micro_model, "--batch", "2", "--context", "12", "--steps", "1",
+                             "--repeats", "2", "--backends", "cpu", "--kv-cache-dtypes", "auto,fp8_e4m3,int8"])
+    out = capsys.readouterr().out
+    shape = RANDOM_MODEL_SHAPES["micro"]
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    rows_per_token = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"]  # K and V of every layer
+    rows = [line for line in out.splitlines() if line.startswith("| cpu, kv ")]
+    assert [r.split("|")[1].strip() for r in rows] == ["cpu, kv auto", "cpu, kv fp8_e4m3", "cpu, kv int8"]
+    # float32, fp8, int8 (+ a 4-byte scale per row) bytes of a token's K and V
+    assert [int(r.split("|")[5]) for r in rows] == [rows_per_token * b for b in (4 * head_dim, head_dim, head_dim + 4)]
+
+
+def test_kv_cache_dtype(micro_model, capsys):
+    get_main("kv_cache_dtype")(["--model", micro_model, "--max-tokens", "3"])
+    out = capsys.readouterr().out
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in out.splitlines()
+            if r.startswith("| auto") or r.startswith("| fp8") or r.startswith("| int8")}
+    assert list(rows) == ["auto", "fp8_e4m3", "int8"]
+    assert rows["auto"][1:4] == ["1.00x", "0.00%", "0.00%"] and rows["auto"][4] == "8/8"
+    assert rows["fp8_e4m3"][1] == "0.25x" and float(rows["int8"][2][:-1]) < float(rows["fp8_e4m3"][2][:-1])

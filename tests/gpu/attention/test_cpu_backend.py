@@ -80,22 +80,23 @@ def test_kernel_is_what_runs(monkeypatch, kv_cache_dtype):
     assert torch.equal(got, want)
 
 
-def test_kernel_decodes_every_fp8_code():
+@pytest.mark.parametrize("head_dim", [64, 4])  # 8 codes at a time (AVX2 + F16C), and the one-by-one decode
+def test_kernel_decodes_every_fp8_code(head_dim):
     """A one-token context attends with weight 1: the output is the value row itself, decoded in C. Every e4m3fn code
     but the two NaNs (0x7f, 0xff, never written: stores saturate) must read back as torch's float8 conversion."""
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     codes[(codes & 0x7F) == 0x7F] = 0
-    head_dim = 64
-    cache = torch.zeros(2, 5, 16, 1, head_dim, dtype=torch.uint8)
-    cache[1, 1:, 0, 0] = codes.view(4, head_dim)  # sequence i's only token sits in block i + 1
+    seqs = 256 // head_dim
+    cache = torch.zeros(2, seqs + 1, 16, 1, head_dim, dtype=torch.uint8)
+    cache[1, 1:, 0, 0] = codes.view(seqs, head_dim)  # sequence i's only token sits in block i + 1
     cache = cache.view(torch.float8_e4m3fn)
-    table = torch.arange(1, 5, dtype=torch.int32)[:, None]
-    ones = torch.ones(4, dtype=torch.int32)
-    rows = torch.arange(4, dtype=torch.int64)
-    q, out = torch.randn(4, head_dim), torch.full((4, head_dim), float("nan"))
+    table = torch.arange(1, seqs + 1, dtype=torch.int32)[:, None]
+    ones = torch.ones(seqs, dtype=torch.int32)
+    rows = torch.arange(seqs, dtype=torch.int64)
+    q, out = torch.randn(seqs, head_dim), torch.full((seqs, head_dim), float("nan"))
     kernel = load_paged_decode_kernel()
     assert kernel(q, rows, cache, table, ones, 0.125, None, out, 1, kv_cache_format("fp8_e4m3"))
-    assert torch.equal(out, codes.view(torch.float8_e4m3fn).float().view(4, head_dim))
+    assert torch.equal(out, codes.view(torch.float8_e4m3fn).float().view(seqs, head_dim))
 
 
 def test_shapes_beyond_the_kernel_fall_back_to_torch():

@@ -22,6 +22,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 enum { KV_F32 = 0, KV_FP8 = 1, KV_INT8 = 2 };
 
@@ -42,6 +45,26 @@ static inline float fp8_e4m3_to_float(uint8_t code) {
     return code & 0x80 ? -x : x;
 }
 
+/* n float8 e4m3fn codes -> floats. With AVX2 + F16C (x86 since 2013), 8 at a time: the code's 7 low bits shifted into
+ * a half's exponent and mantissa make the same number times 2^-8 (half's exponent bias is 15, e4m3's 7), subnormals
+ * included, and F16C converts halves to floats exactly (measured: a decode step's attention ~1.2x faster than
+ * with the integer decode below, which serves other CPUs and the row's last n % 8 codes). */
+static inline __attribute__((always_inline)) void fp8_row_to_float(const uint8_t *restrict row, int64_t n,
+                                                                   float *restrict out) {
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    const __m128i low7 = _mm_set1_epi16(0x7F), sign = _mm_set1_epi16(0x80);
+    const __m256 two8 = _mm256_set1_ps(256.f);
+    for (; i + 8 <= n; i += 8) {
+        const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + i)));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(c, sign), 8),
+                                       _mm_slli_epi16(_mm_and_si128(c, low7), 7));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(h), two8));
+    }
+#endif
+    for (; i < n; i++) out[i] = fp8_e4m3_to_float(row[i]);
+}
+
 /* The row's own scale: KV_INT8 keeps a float32 after its head_dim codes; the others have none. */
 static inline __attribute__((always_inline)) float row_scale(const uint8_t *row, int64_t head_dim, const int kind) {
     if (kind != KV_INT8) return 1.f;
@@ -58,8 +81,7 @@ static inline __attribute__((always_inline)) void decode_rows(const uint8_t *row
         const uint8_t *row = rows + t * stride;
         float *o = out + t * head_dim;
         if (kind == KV_FP8) {
-#pragma omp simd
-            for (int64_t i = 0; i < head_dim; i++) o[i] = fp8_e4m3_to_float(row[i]);
+            fp8_row_to_float(row, head_dim, o);
         } else {
             const int8_t *codes = (const int8_t *)row;
 #pragma omp simd
