@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="vx bench quantization", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=None, help="a GGUF file (default: the default model's Q4_1 file)")
+    ap.add_argument("--float-model", default=None,
+                    help="a float checkpoint of the same weights (default: the GGUF dequantized by transformers)")
     ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every format (default 3)")
     ap.add_argument("--decode-tokens", type=int, default=64, help="batch-1 decode length (default 64)")
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
             print("llama.cpp skipped: llama-cpp-python is not installed (pip install llama-cpp-python; "
                   "see docs/quantization.md for the build flags)", file=sys.stderr)
             formats.remove("llama.cpp")
-    float_dir = float_checkpoint(ns.gguf) if set(formats) & {"float", "int8", "int4"} else ""
+    float_dir = ns.float_model or (float_checkpoint(ns.gguf) if set(formats) & {"float", "int8", "int4"} else "")
     results: dict[str, list[dict]] = {f: [] for f in formats}
     failures: dict[str, str] = {}
     for r in range(ns.rounds):

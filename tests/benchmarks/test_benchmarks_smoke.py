@@ -151,3 +151,19 @@ def test_kv_cache_dtype(micro_model, capsys):
     assert list(rows) == ["auto", "fp8_e4m3", "int8"]
     assert rows["auto"][1:4] == ["1.00x", "0.00%", "0.00%"] and rows["auto"][4] == "8/8"
     assert rows["fp8_e4m3"][1] == "0.25x" and float(rows["int8"][2][:-1]) < float(rows["fp8_e4m3"][2][:-1])
+
+
+def test_quantization(tmp_path, capsys):
+    import gguf
+
+    from tests.support.tiny_gguf import uniform, write_tiny_gguf
+
+    write_tiny_gguf(tmp_path, uniform(gguf.GGMLQuantizationType.Q4_0))
+    get_main("quantization")(["--gguf", str(tmp_path / "model.gguf"), "--float-model", str(tmp_path / "float"),
+                              "--formats", "gguf,float,int4", "--rounds", "1", "--decode-tokens", "4",
+                              "--num-requests", "2", "--output-len", "3"])
+    out = capsys.readouterr().out
+    rows = {r.split("|")[1].strip(): r for r in out.splitlines() if r.startswith("| ")}
+    assert {"gguf", "float", "int4"} <= set(rows) and "failed" not in out
+    assert rows["float"].count("1.00x") == 2  # the float path is the reference of both ratios
+    assert "Machine:" in out
