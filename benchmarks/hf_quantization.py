@@ -111,8 +111,6 @@ def _logits(model: Any, token_lists: list[list[int]], dtype: Any) -> list[Any]:
 
 def _error(got: list[Any], ref: list[Any]) -> tuple[float, float]:
     """(relative Frobenius error, fraction of positions whose top token agrees) over all prompts."""
-    import torch
-
     diff = sum(float((g - r).pow(2).sum()) for g, r in zip(got, ref))
     norm = sum(float(r.pow(2).sum()) for r in ref)
     agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in zip(got, ref))

@@ -66,7 +66,7 @@ def pack_along(codes: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] 
 
 
 def round_to_nearest(weight: torch.Tensor, group_size: int, bits: int, sym: bool,
-                     g_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     g_idx: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Groupwise integer quantization of w [N, K] as AutoGPTQ / AutoAWQ store it: (codes [N, K], scales fp16 and
     integer zeros [N, groups], dequantized [N, K]), w ~ (q - z) * s. Input feature k is in group g_idx[k]
     (default k // group_size)."""

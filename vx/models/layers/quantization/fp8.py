@@ -111,7 +111,9 @@ class Fp8LinearMethod(LinearMethodBase):
         x_scale = (x2.abs().amax(dim=1, keepdim=True).float() / _FP8_MAX).clamp(min=1e-12)
         x_fp8 = (x2.float() / x_scale).clamp(-_FP8_MAX, _FP8_MAX).to(_FP8)
         y = torch._scaled_mm(x_fp8, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale.view(1, -1),
-                             bias=bias, out_dtype=x.dtype)
+                             out_dtype=x.dtype)
+        if bias is not None:  # added apart: not every row-wise _scaled_mm build takes a bias
+            y = y + bias
         return y.reshape(*shape, y.shape[-1])
 
 
