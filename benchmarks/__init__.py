@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "startup": "time from AsyncLLM(...) to the first streamed token of a fresh engine (default model)",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
+    "gguf_memory": "engine RSS of a GGUF model run natively vs the same model expanded to float32 (default model)",
 }
 
 

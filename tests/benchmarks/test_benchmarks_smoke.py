@@ -109,3 +109,11 @@ def test_decode_step(micro_model, capsys):
                              "--backends", "torch,cpu", "--profile"])
     out = capsys.readouterr().out
     assert "Decode step" in out and "| cpu " in out and "| torch " in out and "torch.profiler" in out
+
+
+def test_gguf_memory(tiny_gguf, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    get_main("gguf_memory")(["--model", tiny_gguf("Q8_0").gguf_path, "--runs", "1", "--max-model-len", "64",
+                             "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    assert "vx, GGUF natively" in out and "vx, expanded to float32" in out and "ratio (native / float)" in out
