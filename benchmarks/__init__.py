@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
     "quantization": "per weight format: bytes, load time, RSS, batch-1 and batched tokens/s; float path and llama.cpp",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
+    "gguf_memory": "engine RSS of a GGUF model run natively vs the same model expanded to float32 (default model)",
 }
 
 

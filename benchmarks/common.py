@@ -2,7 +2,7 @@
 
 Models are named by a short spec (see `MODEL_CHOICES`) or given as a Hugging Face directory:
 
-- ``default``: vx's default model (SmolLM2-135M-Instruct, converted from GGUF once);
+- ``default``: vx's default model (SmolLM2-135M-Instruct, run from its Q4_1 GGUF file);
 - ``qwen2.5-0.5b-random``: random weights in the exact shape of Qwen2.5-0.5B (494M parameters);
 - ``tiny``: a random Qwen2-shaped model (hidden 512, 8 layers), quick on a CPU;
 - ``micro``: a random 2-layer model with hidden 64, for smoke tests.
@@ -84,7 +84,7 @@ def build_random_model(name: str, dirpath: str, seed: int = 0) -> str:
 
 
 def resolve_bench_model(spec: str | None) -> str:
-    """A model directory for `spec`: one of MODEL_CHOICES (built or converted once) or a directory."""
+    """A model directory for `spec`: one of MODEL_CHOICES (built once, or the default model's config directory) or a directory."""
     if spec is None or spec == "default":
         from vx.model_source import resolve_model
 
@@ -98,6 +98,21 @@ def resolve_bench_model(spec: str | None) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise SystemExit(f"--model {spec!r}: not one of {', '.join(MODEL_CHOICES)} and not a model directory.")
     return path
+
+
+def load_hf_causal_lm(model_dir: str, dtype: str) -> Any:
+    """Hugging Face's model for a vx model directory: from the GGUF file it points at (transformers dequantizes
+    it), or from the directory's own weights."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        quant = json.load(f).get("quantization_config") or {}
+    if quant.get("quant_method") == "gguf":
+        folder, name = os.path.split(quant["gguf_file"])
+        return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype(dtype))
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
 
 
 def model_label(spec: str | None, path: str) -> str:

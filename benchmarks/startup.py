@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> None:
 
     engine_args = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v is not None}
     t0 = time.perf_counter()
-    # The one-time GGUF conversion (or random-model build), if it has not happened yet.
+    # The one-time GGUF config directory (or random-model build), if it has not happened yet.
     model = resolve_model(args.model) if args.model and args.model.endswith(".gguf") \
         else resolve_bench_model(args.model)
-    print(f"model ready in the cache after {time.perf_counter() - t0:.1f} s (conversion happens once)")
+    print(f"model ready in the cache after {time.perf_counter() - t0:.1f} s (made once)")
 
     table = Table("Fresh AsyncLLM start-up (cache filled)", ["run", "ready (s)", "first token (s)", "shutdown (s)"])
     firsts = []

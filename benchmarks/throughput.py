@@ -28,9 +28,9 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (Table, Workload, add_model_args, make_workload, model_label, parse_int_list,
-                               prompt_token_range, quiet_logs, ratio, resolve_bench_model, resolve_device,
-                               set_threads, torch_dtype)
+from benchmarks.common import (Table, Workload, add_model_args, load_hf_causal_lm, make_workload, model_label,
+                               parse_int_list, prompt_token_range, quiet_logs, ratio, resolve_bench_model,
+                               resolve_device, set_threads)
 
 
 @dataclass
@@ -80,11 +80,10 @@ class HFRunner:
 
     def __init__(self, model_dir: str, dtype: str, device: str) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
         self.torch = torch
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype)).to(device).eval()
+        self.model = load_hf_causal_lm(model_dir, dtype).to(device).eval()
         gc_ = self.model.generation_config
         gc_.eos_token_id = None  # like ignore_eos: every request runs to its length
         gc_.pad_token_id = 0

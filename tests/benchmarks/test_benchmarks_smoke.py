@@ -167,3 +167,11 @@ def test_quantization(tmp_path, capsys):
     assert {"gguf", "float", "int4"} <= set(rows) and "failed" not in out
     assert rows["float"].count("1.00x") == 2  # the float path is the reference of both ratios
     assert "Machine:" in out
+
+
+def test_gguf_memory(tiny_gguf, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    get_main("gguf_memory")(["--model", tiny_gguf("Q8_0").gguf_path, "--runs", "1", "--max-model-len", "64",
+                             "--max-tokens", "4"])
+    out = capsys.readouterr().out
+    assert "vx, GGUF natively" in out and "vx, expanded to float32" in out and "ratio (native / float)" in out
