@@ -144,9 +144,11 @@ def test_decode_step_per_kv_cache_dtype(micro_model, capsys):
 
 
 def test_kv_cache_dtype(micro_model, capsys):
-    get_main("kv_cache_dtype")(["--model", micro_model, "--max-tokens", "3"])
-    out = capsys.readouterr().out
-    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in out.splitlines()
+    get_main("kv_cache_dtype")(["--model", micro_model, "--max-tokens", "3", "--attention-rounds", "2",
+                                "--attention-batch", "2", "--attention-context", "20"])
+    accuracy, _, attention = capsys.readouterr().out.partition("### Decode attention, all 2 layers")
+    assert "| int8 " in attention
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in accuracy.splitlines()
             if r.startswith("| auto") or r.startswith("| fp8") or r.startswith("| int8")}
     assert list(rows) == ["auto", "fp8_e4m3", "int8"]
     assert rows["auto"][1:4] == ["1.00x", "0.00%", "0.00%"] and rows["auto"][4] == "8/8"
