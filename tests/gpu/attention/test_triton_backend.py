@@ -213,6 +213,20 @@ def test_triton_matches_torch_on_cuda(shape, heads, head_dim, window, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", sorted(GPU_SHAPES))
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "int8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_reads_a_quantized_cache_on_cuda(shape, kv_cache_dtype, dtype):
+    computed, new = GPU_SHAPES[shape]
+    case = make_case(computed, new, (32, 8), 128, 16, dtype=dtype, device="cuda", pad=5, kv_cache_dtype=kv_cache_dtype)
+    assert get_attn_backend("auto", "cuda", dtype=dtype, head_dim=128, block_size=16,
+                            kv_cache_dtype=kv_cache_dtype) is TritonAttentionBackend
+    err = compare(TritonAttentionBackend, TorchAttentionBackend, case)
+    assert err <= (3e-2 if dtype == torch.bfloat16 else 1e-3), err
+    assert compare_to_float(TritonAttentionBackend, case, TorchAttentionBackend)[1] <= FLOAT_CACHE_TOL[kv_cache_dtype]
+
+
+@pytest.mark.gpu
 def test_engine_greedy_triton_equals_torch_on_cuda(tiny_model_dir):
     """The whole engine on CUDA in float32: triton attention gives torch attention's greedy tokens."""
     import vx

@@ -3,8 +3,8 @@
 Decode dominates a CPU step's attention time, and it is memory-bound: the torch backend gathers each context
 into a padded batch before SDPA, so the KV bytes cross memory three times. The kernel
 (`csrc/paged_decode.c`) streams each sequence's blocks once, from a float32 cache or a quantized one (fp8_e4m3,
-int8: decoded in registers, so a quarter of the bytes move). Prefills, the KV write and anything the kernel does not
-handle (a model dtype other than float32, a very large head) stay on the torch path.
+int8: decoded 16 rows at a time into a buffer in L1, so a quarter of the bytes move). Prefills, the KV write and
+anything the kernel does not handle (a model dtype other than float32, a very large head) stay on the torch path.
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ enum { KV_F32 = 0, KV_FP8 = 1, KV_INT8 = 2 };
 #define MAX_BLOCK 128  /* block_size */
 #define NEG_BIG -1e30f /* the running max before any score: finite, since the file builds with -ffast-math */
 
-/* float8 e4m3fn -> float: sign, 4 exponent bits (bias 7), 3 mantissa bits, exponent 0 subnormal. Built from a
- * normal power of two, so it never makes a float subnormal (which a flush-to-zero process would zero). Integer ops
- * and a multiply: gcc vectorizes the loops that call it. */
+/* float8 e4m3fn -> float, portably: sign, 4 exponent bits (bias 7), 3 mantissa bits, exponent 0 subnormal. Built
+ * from a normal power of two, so it never makes a float subnormal (which a flush-to-zero process would zero). */
 static inline float fp8_e4m3_to_float(uint8_t code) {
     const int32_t e = (code >> 3) & 15, m = code & 7;
     const uint32_t pow2_bits = (uint32_t)((e > 1 ? e : 1) + 117) << 23; /* 2^(max(e, 1) - 10) */
@@ -110,8 +109,7 @@ static inline __attribute__((always_inline)) void attend(
         const int32_t *blocks, int64_t len, int64_t first, int64_t group, const int64_t head_dim, const int kind,
         int64_t block_size, int64_t row_bytes, int64_t tok_stride, int64_t blk_stride, int64_t kh, float scale) {
     float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[CHUNK];
-    float kbuf[kind == KV_F32 ? 1 : CHUNK * MAX_DIM], vbuf[kind == KV_F32 ? 1 : CHUNK * MAX_DIM];
-    float kscale[CHUNK], vscale[CHUNK];
+    float kbuf[CHUNK * MAX_DIM], vbuf[CHUNK * MAX_DIM], kscale[CHUNK], vscale[CHUNK]; /* 8-bit kinds only */
     for (int64_t g = 0; g < group; g++) {
         m[g] = NEG_BIG;
         l[g] = 0.f;
