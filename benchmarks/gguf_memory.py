@@ -2,7 +2,8 @@
 dequantization saved as safetensors), in one run, with the same KV cache.
 
 For each variant, interleaved and repeated: a fresh AsyncLLM, the engine process's RSS above a bare process that
-imported torch (at start, and after one chat answer), its peak RSS (VmHWM), and the time to a ready engine.
+imported torch (at start, and after one greedy chat answer), its peak RSS (VmHWM), the time to a ready engine, and
+the answer's tokens per second (batch 1).
 
     vx bench gguf_memory                         # the default model, float32
     vx bench gguf_memory --model x.gguf --runs 5 --dtype bfloat16
@@ -77,7 +78,8 @@ def _peak(pid: int) -> int:
 
 
 async def one_run(model: str, engine_args: dict[str, Any], max_tokens: int) -> dict[str, float]:
-    """Engine RSS at start and after one chat answer, peak RSS, and seconds to a ready engine."""
+    """Engine RSS at start and after one greedy chat answer of `max_tokens` tokens, peak RSS, seconds to a ready
+    engine, and the answer's tokens per second (batch 1, prefill included)."""
     import psutil
 
     import vx
@@ -87,13 +89,15 @@ async def one_run(model: str, engine_args: dict[str, Any], max_tokens: int) -> d
         ready = time.perf_counter() - t0
         engine = psutil.Process(llm._client.engine.proc.pid)
         at_start = engine.memory_info().rss
-        text = ""
-        async for tok in llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                                  vx.SamplingParams(temperature=0.0, max_tokens=max_tokens)):
-            text += tok
+        text = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                                 tokenize=False, add_generation_prompt=True)
+        prompt = llm.tokenizer.encode(text, add_special_tokens=False)
+        t1 = time.perf_counter()
+        out = await llm.complete(prompt, vx.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        tok_s = len(out.outputs[0].token_ids) / (time.perf_counter() - t1)
         after = engine.memory_info().rss
         peak = _peak(engine.pid)
-    return dict(ready=ready, start=at_start, after=after, peak=peak, chars=len(text))
+    return dict(ready=ready, start=at_start, after=after, peak=peak, tok_s=tok_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-model-len", type=int, default=1024, help="the KV cache holds one sequence this long")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--max-tokens", type=int, default=32, help="length of the chat answer")
+    ap.add_argument("--max-tokens", type=int, default=32, help="length of the chat answer (tokens, EOS ignored)")
     ap.add_argument("--threads", type=int, default=None, help="accepted for run_all; unused here")
     args = ap.parse_args(argv)
     import anyio
@@ -132,15 +136,17 @@ def main(argv: list[str] | None = None) -> None:
 
     table = Table(f"Engine memory of {os.path.basename(gguf_path)} ({args.dtype}, KV cache {blocks} blocks of "
                   f"{args.block_size}; MiB above a bare torch process of {bare / MIB:.0f} MiB)",
-                  ["variant", "at start", "after a chat answer", "spread", "peak", "ready (s)"])
+                  ["variant", "at start", f"after {args.max_tokens} tokens", "spread", "peak", "ready (s)", "tok/s"])
     for name in variants:
         table.add(name, med(name, "start", minus=bare), med(name, "after", minus=bare),
-                  spread(name, "after", minus=bare), med(name, "peak", minus=bare), med(name, "ready", scale=1.0))
+                  spread(name, "after", minus=bare), med(name, "peak", minus=bare), med(name, "ready", scale=1.0),
+                  med(name, "tok_s", scale=1.0))
     native, expanded = variants
     table.add("ratio (native / float)", ratio(med(native, "start", minus=bare), med(expanded, "start", minus=bare)),
               ratio(med(native, "after", minus=bare), med(expanded, "after", minus=bare)), "",
               ratio(med(native, "peak", minus=bare), med(expanded, "peak", minus=bare)),
-              ratio(med(native, "ready", scale=1.0), med(expanded, "ready", scale=1.0)))
+              ratio(med(native, "ready", scale=1.0), med(expanded, "ready", scale=1.0)),
+              ratio(med(native, "tok_s", scale=1.0), med(expanded, "tok_s", scale=1.0)))
     table.notes.append(f"Medians of {args.runs} fresh engines per variant, run alternately; weights on disk: "
                        f"{os.path.getsize(gguf_path) / MIB:.0f} MiB GGUF, "
                        f"{os.path.getsize(os.path.join(variants[expanded], 'model.safetensors')) / MIB:.0f} MiB "

@@ -97,8 +97,9 @@ class _Received:
         return raw, ggml_type
 
 
-def _register_placeholders(layer: nn.Module, name: str) -> _Received:
-    """`qweight` (raw blocks) and `qweight_type` (the ggml type), both kept aside as they arrive."""
+def _register_placeholders(layer: nn.Module, name: str) -> None:
+    """`qweight` (raw blocks) and `qweight_type` (the ggml type): empty parameters whose loaders keep what arrives
+    aside, in `layer.gguf_received`, until the layer is readied."""
     received = _Received(name)
 
     def load_blocks(param: nn.Parameter, loaded: torch.Tensor, shard_id: ShardId = None) -> None:
@@ -112,7 +113,6 @@ def _register_placeholders(layer: nn.Module, name: str) -> _Received:
         set_weight_attrs(param, {"weight_loader": loader})
         layer.register_parameter(param_name, param)
     layer.__dict__["gguf_received"] = received
-    return received
 
 
 def _shard_plan(layer: nn.Module) -> list[tuple[ShardId, int, int, int]]:
