@@ -5,6 +5,10 @@ the config crossing whole to the engine process."""
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,6 +18,7 @@ import pytest
 
 from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, default_grammar_compile_workers,
                        encode_config, hf_head_dim, hf_num_kv_heads, read_json)
+from vx.hf_config import HFConfig, resolve_hf_config
 
 
 @pytest.mark.parametrize("fields,kv_heads,head_dim", [
@@ -123,10 +128,11 @@ def test_every_config_field_reaches_the_engine_process_as_sent(tiny_model_dir):
     assert before.keys() == after.keys()
     assert [k for k in before if before[k] == after[k]] == []  # every field differs from what create_config made
     received = decode_config(encode_config(sent))
-    assert _leaves(received) == after
-    assert received == sent
-    hf = received.model_config.hf_config
-    assert type(hf) is type(config.model_config.hf_config) and hf.to_dict() == sent.model_config.hf_config.to_dict()
+    # The HF config arrives as its fields (an HFConfig, no transformers in the engine process), every one as sent.
+    hf_sent = sent.model_config.hf_config.to_dict()
+    assert isinstance(received.model_config.hf_config, HFConfig) and received.model_config.hf_config == hf_sent
+    assert received.model_config.hf_config.rms_norm_eps == 0.125
+    assert _leaves(received) == {**after, "config.model_config.hf_config": hf_sent}
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
@@ -134,7 +140,68 @@ def test_the_front_ends_light_config_is_what_the_engine_would_resolve(tiny_model
     """`AsyncLLM` resolves the config from config.json as plain JSON (no transformers, no torch); the engine uses
     it as sent, so it must be the config that the full resolution (through transformers) gives."""
     args = EngineArgs(model=tiny_model_dirs[family], device="cpu", max_num_seqs=3)
-    assert decode_config(encode_config(args.create_config(light=True))) == args.create_config()
+    full = args.create_config()
+    received = decode_config(encode_config(args.create_config(light=True)))
+    # Every field but the config's own path and the (classification) label maps, whose int keys JSON makes strings.
+    def fields(hf):
+        return {k: v for k, v in hf.to_dict().items() if k not in ("_name_or_path", "id2label", "label2id")}
+
+    assert fields(received.model_config.hf_config) == fields(full.model_config.hf_config)
+    def without_hf(config):
+        return msgspec.structs.replace(config, model_config=msgspec.structs.replace(config.model_config,
+                                                                                    hf_config=None))
+
+    assert without_hf(received) == without_hf(full)
+
+
+def test_a_config_is_resolved_through_transformers_once_then_from_the_cache(tmp_path, monkeypatch):
+    """The engine process fills in the model type's defaults (here Qwen3's head_dim 128, Mistral's sliding window
+    4096, neither in config.json) as transformers does, and keeps the result: a second engine with the same fields
+    reads the cache file and does not import transformers. Other fields or another model type miss the cache."""
+    monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+    base = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    qwen3 = resolve_hf_config(dict(base, model_type="qwen3"), "m")
+    mistral = resolve_hf_config(dict(base, model_type="mistral"), "m")
+    assert (qwen3.head_dim, hf_head_dim(qwen3), qwen3.sliding_window) == (128, 128, None)
+    assert (mistral.sliding_window, hf_head_dim(mistral), mistral.rms_norm_eps) == (4096, 16, 1e-6)
+    assert len(list((tmp_path / "hf-config").iterdir())) == 2
+
+    code = ("import sys, json; from vx.hf_config import resolve_hf_config; "
+            f"c = resolve_hf_config(json.loads({json.dumps(json.dumps(dict(base, model_type='qwen3')))}), 'm'); "
+            "print(c.head_dim, 'transformers' in sys.modules)")
+    env = {**os.environ, "VX_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["128", "False"]
+    with pytest.raises(ValueError, match="unknown model_type 'nonsense'"):
+        resolve_hf_config(dict(base, model_type="nonsense"), "m")
+
+
+def test_the_engine_process_runs_the_model_without_importing_transformers(tiny_model_dirs, tmp_path):
+    """What the engine process does with the config a light front end (AsyncLLM) sends: decode it, build the engine
+    core (model loaded), run a request to its end. Once the config's resolution is cached, none of it imports
+    transformers (~80 MiB of the engine's memory)."""
+    config = EngineArgs(model=tiny_model_dirs["qwen3"], device="cpu", dtype="float32", num_kv_blocks=32,
+                        max_model_len=128).create_config(light=True)
+    (tmp_path / "config.bin").write_bytes(encode_config(config))
+    code = """if True:
+        import sys
+        from vx.config import decode_config
+        from vx.core.engine_core import EngineCore
+        from vx.core.protocol import EngineCoreRequest
+        from vx.sampling_params import SamplingParams
+        core = EngineCore(decode_config(open(sys.argv[1], "rb").read()))
+        core.add_request(EngineCoreRequest(request_id="r", prompt_token_ids=[3, 4, 5],
+                                           sampling_params=SamplingParams(max_tokens=3, temperature=0.0)))
+        tokens = []
+        while core.has_unfinished_requests():
+            tokens += [t for o in core.step().outputs for t in o.new_token_ids]
+        core.shutdown()
+        print(len(tokens), "transformers" in sys.modules)
+    """
+    env = {**os.environ, "VX_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "config.bin")], env=env, capture_output=True,
+                           text=True, timeout=120) for _ in range(2)]
+    assert [r.stdout.split() for r in runs] == [["3", "True"], ["3", "False"]], [r.stderr[-2000:] for r in runs]
 
 
 # ----------------------------------------------------------------------------------- the executor it names

@@ -16,6 +16,7 @@ import msgspec
 
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
+from vx.hf_config import HFConfig, resolve_hf_config
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
@@ -33,8 +34,8 @@ class ModelConfig(msgspec.Struct, kw_only=True):
 
     model: str
     tokenizer: str
-    # A transformers config; a `RawHFConfig` (config.json as read) in a front end that must not import torch.
-    # It crosses to the engine process as its dict and arrives as the transformers config (`decode_config`).
+    # A transformers config; an `HFConfig` (config.json as read) in a front end that must not import torch. It
+    # crosses to the engine process as its fields and arrives as an `HFConfig` of every resolved field (`decode_config`).
     hf_config: Any
     architecture: str
     dtype: str  # resolved: float32 | bfloat16 | float16
@@ -379,59 +380,35 @@ def _load_hf_config(path: str) -> Any:
         raise ValueError(f"Could not read the model config in {path!r}: {e}") from e
 
 
-class RawHFConfig(dict):
-    """config.json as read, with attribute access: what a front end needs, without transformers."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self)
-
-
 def encode_config(config: VxConfig) -> bytes:
-    """`config` whole, as msgpack: what the engine process receives (the HF config goes as its dict)."""
+    """`config` whole, as msgpack: what the engine process receives. The HF config goes as [fields, resolved]: a
+    transformers config's `to_dict()` is resolved already, config.json as a light front end read it is not."""
     mc = config.model_config
-    if mc.hf_config is not None:  # its own form, `to_dict()`: msgspec would take a transformers config apart
+    if mc.hf_config is not None:  # its own form: msgspec would take a transformers config apart
+        resolved = not isinstance(mc.hf_config, HFConfig)
         config = msgspec.structs.replace(config, model_config=msgspec.structs.replace(
-            mc, hf_config=mc.hf_config.to_dict()))
+            mc, hf_config=[mc.hf_config.to_dict(), resolved]))
     return msgspec.msgpack.encode(config)
 
 
 def decode_config(data: bytes) -> VxConfig:
-    """The `VxConfig` of `encode_config`, every field as it was sent; the HF config becomes a transformers config
-    again (imports transformers, hence torch: call it where the model runs)."""
+    """The `VxConfig` of `encode_config`, every field as it was sent; the HF config becomes an `HFConfig` of every
+    field transformers resolves (without importing transformers, once the fields' resolution is cached)."""
     config = msgspec.msgpack.decode(data, type=VxConfig)
     mc = config.model_config
     if mc.hf_config is not None:
-        mc.hf_config = hf_config_from_dict(mc.hf_config, mc.model)
+        fields, resolved = mc.hf_config
+        mc.hf_config = HFConfig(fields) if resolved else resolve_hf_config(fields, mc.model)
     return config
 
 
-def hf_config_from_dict(data: dict[str, Any], model_path: str) -> Any:
-    """The transformers config of a config.json dict (or of a transformers config's `to_dict()`): what
-    `AutoConfig.from_pretrained` builds from the file."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    model_type = data.get("model_type")
-    if model_type not in CONFIG_MAPPING:
-        raise ValueError(f"Could not read the model config in {model_path!r}: unknown model_type {model_type!r}.")
-    try:
-        return CONFIG_MAPPING[model_type].from_dict(data)
-    except Exception as e:  # transformers raises many kinds here
-        raise ValueError(f"Could not read the model config in {model_path!r}: {e}") from e
-
-
-def _read_hf_config_json(path: str) -> RawHFConfig:
+def _read_hf_config_json(path: str) -> HFConfig:
     raw = read_json(os.path.join(path, "config.json"))
     if not raw:
         raise ValueError(f"Could not read the model config in {path!r}: config.json is missing or not JSON.")
     if not isinstance(raw.get("vocab_size"), int):
         raise ValueError(f"{path}/config.json has no integer 'vocab_size'.")
-    return RawHFConfig(raw)
+    return HFConfig(raw)
 
 
 def _derive_max_model_len(hf_config: Any) -> int | None:

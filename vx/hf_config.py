@@ -1,0 +1,81 @@
+"""A model's Hugging Face config as plain fields: what a front end reads without transformers, and what the engine
+process runs the model from.
+
+The engine needs every field transformers fills in (a config.json may leave `head_dim`, `rms_norm_eps` or
+`sliding_window` to the model type's defaults), but importing transformers' config classes costs the engine process
+~80 MiB of memory (they pull in `torch.distributed.tensor` and sympy). So a config is resolved through transformers
+once, in a throwaway way: where the front end already has the transformers config, it sends its `to_dict()`;
+otherwise the engine resolves config.json once and keeps the result in `$VX_CACHE_DIR/hf-config/`, keyed by the
+fields and the transformers version, and later engines read that file instead of importing transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import tempfile
+from typing import Any
+
+import msgspec
+
+from vx import envs
+
+
+class HFConfig(dict):
+    """A Hugging Face config's fields with attribute access (`config.hidden_size`), like a transformers config."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+
+def hf_config_from_dict(data: dict[str, Any], model_path: str) -> Any:
+    """The transformers config of a config.json dict (or of a transformers config's `to_dict()`): what
+    `AutoConfig.from_pretrained` builds from the file. Imports transformers."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"Could not read the model config in {model_path!r}: unknown model_type {model_type!r}.")
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(data)
+    except Exception as e:  # transformers raises many kinds here
+        raise ValueError(f"Could not read the model config in {model_path!r}: {e}") from e
+
+
+def resolved_config_path(fields: dict[str, Any]) -> str:
+    """Where the resolution of these config.json fields by the installed transformers is kept."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        version = "none"
+    key = hashlib.sha256(msgspec.json.encode(fields, order="sorted") + version.encode()).hexdigest()[:32]
+    return os.path.join(envs.VX_CACHE_DIR.get(), "hf-config", f"{key}.json")
+
+
+def resolve_hf_config(fields: dict[str, Any], model_path: str) -> HFConfig:
+    """config.json's `fields` with every default transformers fills in for the model type: from the cache when the
+    same fields were resolved before with this transformers, else through transformers (then cached)."""
+    path = resolved_config_path(fields)
+    try:
+        with open(path, "rb") as f:
+            return HFConfig(msgspec.json.decode(f.read()))
+    except (OSError, msgspec.DecodeError):
+        pass
+    resolved = hf_config_from_dict(fields, model_path).to_dict()
+    data = msgspec.json.encode(resolved)
+    try:  # the cache is an optimisation: a read-only or full disk only costs the next engine the import
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return HFConfig(msgspec.json.decode(data))
