@@ -46,21 +46,21 @@ def _rss_bytes() -> int:
 
 
 def weight_bytes(model: Any) -> int:
-    """Bytes of the tensors a model holds: its parameters and buffers, and the packed kernel weights its layers'
-    quantization methods keep (anything with `nbytes` among a layer's attributes), each counted once."""
+    """Bytes of the weights a model holds: its parameters and buffers, and the packed kernel weights its layers'
+    quantization methods keep (anything with `nbytes` among a layer's attributes, or in a list of them), each
+    counted once. The KV cache, which attention layers hold too, is not a weight."""
     import torch
 
     seen: set[int] = set()
     total = 0
     for module in model.modules():
-        for value in list(module._parameters.values()) + list(module._buffers.values()) + list(vars(module).values()):
-            if value is None or id(value) in seen:
+        named = list(module._parameters.items()) + list(module._buffers.items()) + list(vars(module).items())
+        values = [v for k, v in named if k != "kv_cache"]
+        values += [item for v in values if isinstance(v, (list, tuple)) for item in v]
+        for value in values:
+            if value is None or id(value) in seen or isinstance(value, (torch.nn.Module, dict, list, tuple)):
                 continue
-            if isinstance(value, torch.Tensor):
-                seen.add(id(value))
-                total += value.nbytes
-            elif not isinstance(value, (torch.nn.Module, dict, list, tuple)) and isinstance(
-                    getattr(value, "nbytes", None), int):
+            if isinstance(value, torch.Tensor) or isinstance(getattr(value, "nbytes", None), int):
                 seen.add(id(value))
                 total += value.nbytes
     return total
