@@ -43,7 +43,8 @@ def _optional(value: str) -> str | None:
 VX_CACHE_DIR: EnvVar[str] = EnvVar(
     "VX_CACHE_DIR", "~/.cache/vx", _path,
     "where vx keeps what it builds once: a GGUF file's config and tokenizer (`gguf-config/`; the weights stay in "
-    "the file) and compiled CPU kernels (`kernels/`)")
+    "the file), a config.json's fields as transformers resolves them (`hf-config/`, so the engine process need not "
+    "import transformers) and compiled CPU kernels (`kernels/`)")
 
 VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "VX_CPU_KERNELS", "1", _switch,
