@@ -69,7 +69,10 @@ def resolve_hf_config(fields: dict[str, Any], model_path: str) -> HFConfig:
     except (OSError, msgspec.DecodeError):
         pass
     resolved = hf_config_from_dict(fields, model_path).to_dict()
-    data = msgspec.json.encode(resolved)
+    try:
+        data = msgspec.json.encode(resolved)
+    except (TypeError, ValueError, msgspec.EncodeError):  # a value JSON cannot hold: run from it, uncached
+        return HFConfig(resolved)
     try:  # the cache is an optimisation: a read-only or full disk only costs the next engine the import
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
@@ -78,4 +81,6 @@ def resolve_hf_config(fields: dict[str, Any], model_path: str) -> HFConfig:
         os.replace(tmp, path)
     except OSError:
         pass
+    # As a later engine reads it back from the cache (JSON makes the label maps' int keys strings), so that the
+    # first engine and every later one run from the same fields.
     return HFConfig(msgspec.json.decode(data))
