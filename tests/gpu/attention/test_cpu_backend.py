@@ -99,18 +99,65 @@ def test_kernel_decodes_every_fp8_code(head_dim):
     assert torch.equal(out, codes.view(torch.float8_e4m3fn).float().view(seqs, head_dim))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 4])  # 8 values at a time (F16C), and the one-by-one conversion
+def test_kernel_reads_every_16_bit_value(dtype, head_dim):
+    """A one-token context attends with weight 1: the output is the value row itself, read by the kernel from a
+    bf16 / fp16 cache and rounded back to the model's dtype. Every finite value of the type (subnormals, the
+    largest) must come back unchanged (-0 as 0: the accumulator starts at +0)."""
+    values = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
+    values = values[torch.isfinite(values.float())]
+    values = values[: len(values) // head_dim * head_dim]
+    seqs = len(values) // head_dim
+    cache = torch.zeros(2, seqs + 1, 16, 1, head_dim, dtype=dtype)
+    cache[1, 1:, 0, 0] = values.view(seqs, head_dim)  # sequence i's only token sits in block i + 1
+    table = torch.arange(1, seqs + 1, dtype=torch.int32)[:, None]
+    ones = torch.ones(seqs, dtype=torch.int32)
+    rows = torch.arange(seqs, dtype=torch.int64)
+    q, out = torch.randn(seqs, head_dim).to(dtype), torch.full((seqs, head_dim), float("nan"), dtype=dtype)
+    assert load_paged_decode_kernel()(q, rows, cache, table, ones, 0.125, None, out, 1, kv_cache_format("auto"))
+    assert torch.equal(out, values.view(seqs, head_dim))
+
+
 def test_shapes_beyond_the_kernel_fall_back_to_torch():
-    # head_dim 512 exceeds the kernel's limit, bf16 is not float32: both take the torch path, still right.
-    for head_dim, dtype, kv_cache_dtype in ((512, torch.float32, "auto"), (64, torch.bfloat16, "auto"),
-                                            (512, torch.float32, "int8"), (64, torch.bfloat16, "fp8_e4m3")):
+    # head_dim 512 exceeds the kernel's limit: the torch path runs, still right.
+    for dtype, kv_cache_dtype in ((torch.float32, "auto"), (torch.float32, "int8"), (torch.bfloat16, "fp8_e4m3")):
         fmt = kv_cache_format(kv_cache_dtype)
-        common, cache, q, k, v = _decode_batch([9, 30], 4, 2, head_dim, 16)
+        common, cache, q, k, v = _decode_batch([9, 30], 4, 2, 512, 16)
         q, k, v = (t.to(dtype) for t in (q, k, v))
         cache = fmt.store(cache, fmt.cache_dtype(dtype))
-        outs = [b.get_impl_cls()(4, head_dim, head_dim ** -0.5, 2, kv_cache_dtype=kv_cache_dtype).forward(
+        outs = [b.get_impl_cls()(4, 512, 512 ** -0.5, 2, kv_cache_dtype=kv_cache_dtype).forward(
                     None, q, k, v, cache.clone(), b.build_metadata(common))
                 for b in (TorchAttentionBackend, CpuAttentionBackend)]
         assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window", [(9, 3, 64, None), (8, 2, 128, 50), (4, 4, 40, None)])
+def test_a_16_bit_model_decodes_in_the_kernel(monkeypatch, dtype, kv_cache_dtype, heads, kv_heads, head_dim, window):
+    """A bf16 or fp16 model's decode reads its cache (its own dtype, or fp8/int8) in place: the kernel decodes each
+    value to float32 and computes in float32, so its output is the float32 attention over the very same cached
+    values (the torch backend's, with q upcast), rounded once to the model's dtype. The torch path stays unused."""
+    seq_lens = [1, 2, 17, 300, 64, 33]
+    common, cache32, q32, k32, v32 = _decode_batch(seq_lens, heads, kv_heads, head_dim, 16)
+    fmt = kv_cache_format(kv_cache_dtype)
+    cache = fmt.store(cache32, fmt.cache_dtype(dtype))
+    q, k, v = (t.to(dtype) for t in (q32, k32, v32))
+    # The values the cache holds (and will hold for this step's k and v), exactly, in float32.
+    cached = fmt.load(cache, torch.float32)
+    k_held, v_held = (fmt.load(fmt.store(t.view(len(seq_lens), kv_heads, head_dim), fmt.cache_dtype(dtype)),
+                               torch.float32).view(len(seq_lens), -1) for t in (k, v))
+    want = TorchAttentionBackend.get_impl_cls()(heads, head_dim, head_dim ** -0.5, kv_heads, sliding_window=window
+                                                ).forward(None, q.float(), k_held, v_held, cached.clone(),
+                                                          TorchAttentionBackend.build_metadata(common))
+    monkeypatch.setattr(TorchAttentionBackend.get_impl_cls(), "_decode", lambda *a: pytest.fail("fell back"))
+    impl = CpuAttentionBackend.get_impl_cls()(heads, head_dim, head_dim ** -0.5, kv_heads, sliding_window=window,
+                                              kv_cache_dtype=kv_cache_dtype)
+    got = impl.forward(None, q, k, v, cache.clone(), CpuAttentionBackend.build_metadata(common))
+    assert got.dtype == dtype
+    # Within one rounding to the model's dtype of float32's result (a float32 summation order apart).
+    torch.testing.assert_close(got.float(), want, atol=1e-5, rtol=2 * torch.finfo(dtype).eps)
 
 
 def test_selection_and_switch_off(monkeypatch, tmp_path):

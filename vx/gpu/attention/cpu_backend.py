@@ -2,9 +2,10 @@
 
 Decode dominates a CPU step's attention time, and it is memory-bound: the torch backend gathers each context
 into a padded batch before SDPA, so the KV bytes cross memory three times. The kernel
-(`csrc/paged_decode.c`) streams each sequence's blocks once, from a float32 cache or a quantized one (fp8_e4m3,
-int8: decoded 16 rows at a time into a buffer in L1, so a quarter of the bytes move). Prefills, the KV write and
-anything the kernel does not handle (a model dtype other than float32, a very large head) stay on the torch path.
+(`csrc/paged_decode.c`) streams each sequence's blocks once, from a cache in the model's dtype (float32, bf16,
+fp16) or a quantized one (fp8_e4m3, int8); rows other than float32 are decoded 16 at a time into a buffer in L1,
+and the arithmetic is float32's. Prefills, the KV write and anything the kernel does not handle (a head wider than
+256) stay on the torch path.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
 
 class CpuAttentionImpl(TorchAttentionImpl):
-    """Decodes through the C kernel (float32 model; any KV-cache format); everything else as in the torch backend."""
+    """Decodes through the C kernel (float32, bf16 or fp16 model; any KV-cache format); the rest as the torch backend."""
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: Any, out: torch.Tensor) -> None:
         kernel = load_paged_decode_kernel()

@@ -23,14 +23,18 @@ _CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11
 _LIBS = ("-lmvec", "-lm")
 
 
-# kv_cache_dtype -> the kernel's kv_kind and the cache dtype it reads (csrc/paged_decode.c: KV_F32, KV_FP8, KV_INT8).
-_KV_KINDS = {"auto": (0, torch.float32), "fp8_e4m3": (1, torch.float8_e4m3fn), "int8": (2, torch.int8)}
+# (kv_cache_dtype, the cache's dtype) -> the kernel's kv_kind (csrc/paged_decode.c: KV_F32, KV_FP8, KV_INT8, KV_BF16,
+# KV_F16). "auto" stores the model's dtype.
+_KV_KINDS = {("auto", torch.float32): 0, ("fp8_e4m3", torch.float8_e4m3fn): 1, ("int8", torch.int8): 2,
+             ("auto", torch.bfloat16): 3, ("auto", torch.float16): 4}
+_MODEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class PagedDecodeKernel:
     """Decode attention (one query token per sequence) over the paged KV cache, read in place.
 
-    q and out are float32; the cache is float32, or quantized (fp8_e4m3, int8) and decoded as it is read.
+    q and out are float32, bfloat16 or float16; the cache is in the model's dtype, or quantized (fp8_e4m3, int8).
+    Whatever it holds is decoded into float32 as it is read, and the arithmetic is float32's.
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -46,19 +50,36 @@ class PagedDecodeKernel:
                  num_heads: int, kv_format: KVCacheFormat = KV_CACHE_FORMATS["auto"]) -> bool:
         """out[q_rows[i]] = attention of q[q_rows[i]] over sequence i's first seq_lens[i] cached tokens.
 
-        q, out: float32 [T, H * D], each row contiguous (q may be a column slice of a wider projection);
-        kv_cache: contiguous [2, num_blocks, block_size, Hk, row] in `kv_format`; block_table: int32 [S, nb]
-        contiguous; seq_lens: int32 [S]; q_rows: int64 [S]. Returns False (nothing written) for what the kernel
-        does not handle, so the caller can fall back.
+        q, out: [T, H * D] in one of the model dtypes, each row contiguous (q may be a column slice of a wider
+        projection); kv_cache: contiguous [2, num_blocks, block_size, Hk, row] in `kv_format`; block_table: int32
+        [S, nb] contiguous; seq_lens: int32 [S]; q_rows: int64 [S]. Returns False (nothing written) for what the
+        kernel does not handle, so the caller can fall back.
         """
         _, _, block_size, num_kv_heads, width = kv_cache.shape
         head_dim = q.shape[1] // num_heads if q.dim() == 2 else 0
-        kind, cache_dtype = _KV_KINDS.get(kv_format.name, (None, None))
-        if (kind is None or kv_cache.dtype != cache_dtype or q.dtype != torch.float32 or out.dtype != torch.float32
+        kind = _KV_KINDS.get((kv_format.name, kv_cache.dtype))
+        if (kind is None or q.dtype not in _MODEL_DTYPES or out.dtype != q.dtype
                 or q.dim() != 2 or out.dim() != 2 or q.stride(1) != 1 or out.stride(1) != 1
                 or q.shape[1] != num_heads * head_dim or width != kv_format.row_width(head_dim)
                 or not kv_cache.is_contiguous() or not block_table.is_contiguous()):
             return False
+        if q.dtype == torch.float32:
+            return self._run(q, q_rows, kv_cache, kind, width, kv_format, block_table, seq_lens, num_heads,
+                             num_kv_heads, head_dim, block_size, scale, window, out)
+        # A 16-bit model: its decode rows' queries in float32 (a few KB), the outputs rounded once into `out`.
+        q32 = q.index_select(0, q_rows).float()
+        out32 = torch.empty_like(q32)
+        rows = torch.arange(q32.shape[0], dtype=torch.int64)
+        if not self._run(q32, rows, kv_cache, kind, width, kv_format, block_table, seq_lens, num_heads,
+                         num_kv_heads, head_dim, block_size, scale, window, out32):
+            return False
+        out.index_copy_(0, q_rows, out32.to(out.dtype))
+        return True
+
+    def _run(self, q: torch.Tensor, q_rows: torch.Tensor, kv_cache: torch.Tensor, kind: int, width: int,
+             kv_format: KVCacheFormat, block_table: torch.Tensor, seq_lens: torch.Tensor, num_heads: int,
+             num_kv_heads: int, head_dim: int, block_size: int, scale: float, window: int | None,
+             out: torch.Tensor) -> bool:
         rc = self._fn(q.data_ptr(), q.stride(0), q_rows.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
                       kind, width * kv_cache.element_size(), kv_format.tensor_scale, kv_format.tensor_scale,
                       block_table.data_ptr(), block_table.shape[1], seq_lens.data_ptr(), seq_lens.shape[0],

@@ -9,12 +9,13 @@
  *                 row q_rows[i], its output row out_rows[i]
  *   k/v cache:    [num_blocks, block_size, Hk, row] where a row is one token's key (value) for one kv head, per
  *                 kv_kind (vx/gpu/attention/kv_format.py): KV_F32 D floats; KV_FP8 D float8 e4m3 codes; KV_INT8 D
- *                 int8 codes then the row's float32 scale. tensor_scale_k/v multiply every key/value (fp8's
- *                 per-tensor scale; 1 otherwise).
+ *                 int8 codes then the row's float32 scale; KV_BF16 / KV_F16 D bfloat16 / float16 values (a bf16
+ *                 or fp16 model's own cache). tensor_scale_k/v multiply every key/value (fp8's per-tensor scale; 1
+ *                 otherwise).
  *   block_table:  int32 [num_seqs, bt_stride]; seq_lens: int32 [num_seqs]
  * window > 0 limits attention to the last `window` positions (the query's own included), as in HF.
- * The 8-bit kinds are decoded 16 rows at a time into a small float buffer (in L1) that serves every query head of
- * the group: a quarter of the float32 cache's bytes cross memory, each code is decoded once, and int8's row scales
+ * The 8- and 16-bit kinds are decoded 16 rows at a time into a small float buffer (in L1) that serves every query
+ * head of the group (the arithmetic stays in float32 whatever the cache holds). For the 8-bit kinds: a quarter of the float32 cache's bytes cross memory, each code is decoded once, and int8's row scales
  * are folded into the score (K) and the softmax weight (V) rather than into each element. (Decoding each row inside
  * every head's loop instead, once per head, measured ~2x slower for fp8 at 3 heads per kv head.)
  */
@@ -26,7 +27,7 @@
 #include <immintrin.h>
 #endif
 
-enum { KV_F32 = 0, KV_FP8 = 1, KV_INT8 = 2 };
+enum { KV_F32 = 0, KV_FP8 = 1, KV_INT8 = 2, KV_BF16 = 3, KV_F16 = 4 };
 
 #define MAX_GROUP 32   /* query heads per kv head */
 #define MAX_DIM 256    /* head_dim */
@@ -64,6 +65,40 @@ static inline __attribute__((always_inline)) void fp8_row_to_float(const uint8_t
     for (; i < n; i++) out[i] = fp8_e4m3_to_float(row[i]);
 }
 
+/* IEEE half -> float, portably (subnormal halves become normal floats; inf and NaN stay so). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023;
+    uint32_t bits;
+    float f;
+    if (e == 0) { /* zero or subnormal: m * 2^-24, exact in float */
+        f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* n 16-bit values -> floats: bfloat16 is a float's upper half; float16 through F16C 8 at a time where the CPU has it. */
+static inline __attribute__((always_inline)) void half_row_to_float(const uint16_t *restrict row, int64_t n,
+                                                                    const int kind, float *restrict out) {
+    int64_t i = 0;
+    if (kind == KV_BF16) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) {
+            const uint32_t bits = (uint32_t)row[j] << 16;
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            out[j] = f;
+        }
+        return;
+    }
+#if defined(__AVX2__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + i))));
+#endif
+    for (; i < n; i++) out[i] = half_to_float(row[i]);
+}
+
 /* The row's own scale: KV_INT8 keeps a float32 after its head_dim codes; the others have none. */
 static inline __attribute__((always_inline)) float row_scale(const uint8_t *row, int64_t head_dim, const int kind) {
     if (kind != KV_INT8) return 1.f;
@@ -72,7 +107,7 @@ static inline __attribute__((always_inline)) float row_scale(const uint8_t *row,
     return s;
 }
 
-/* n 8-bit cache rows (byte stride `stride`) decoded into floats (row stride head_dim) and their scales. */
+/* n 8- or 16-bit cache rows (byte stride `stride`) decoded into floats (row stride head_dim) and their scales. */
 static inline __attribute__((always_inline)) void decode_rows(const uint8_t *rows, int64_t stride, int64_t n,
                                                               int64_t head_dim, const int kind, float *restrict out,
                                                               float *restrict scales) {
@@ -81,6 +116,8 @@ static inline __attribute__((always_inline)) void decode_rows(const uint8_t *row
         float *o = out + t * head_dim;
         if (kind == KV_FP8) {
             fp8_row_to_float(row, head_dim, o);
+        } else if (kind == KV_BF16 || kind == KV_F16) {
+            half_row_to_float((const uint16_t *)row, head_dim, kind, o);
         } else {
             const int8_t *codes = (const int8_t *)row;
 #pragma omp simd
@@ -100,7 +137,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 /* One (sequence, kv head) task. Always inlined, so that the dispatch below can give it a constant head_dim and
  * kind: the compiler then unrolls the per-token dot products and vector updates completely.
  * The context goes by chunks of up to CHUNK tokens (one block, or a part of a larger one). A float32 chunk is read
- * in place; an 8-bit one is first decoded into a small float buffer, once for all the query heads of the group.
+ * in place; any other is first decoded into a small float buffer, once for all the query heads of the group.
  * Then each head runs through the chunk with its query and its accumulator held in registers: scores, the online
  * softmax update, the weighted values. */
 #define CHUNK 16
@@ -109,7 +146,7 @@ static inline __attribute__((always_inline)) void attend(
         const int32_t *blocks, int64_t len, int64_t first, int64_t group, const int64_t head_dim, const int kind,
         int64_t block_size, int64_t row_bytes, int64_t tok_stride, int64_t blk_stride, int64_t kh, float scale) {
     float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[CHUNK];
-    float kbuf[CHUNK * MAX_DIM], vbuf[CHUNK * MAX_DIM], kscale[CHUNK], vscale[CHUNK]; /* 8-bit kinds only */
+    float kbuf[CHUNK * MAX_DIM], vbuf[CHUNK * MAX_DIM], kscale[CHUNK], vscale[CHUNK]; /* kinds other than float32 */
     for (int64_t g = 0; g < group; g++) {
         m[g] = NEG_BIG;
         l[g] = 0.f;
@@ -180,7 +217,7 @@ int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, con
                     int num_threads) {
     const int64_t group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK || num_heads % num_kv_heads) return -1;
-    if (kv_kind < KV_F32 || kv_kind > KV_INT8) return -1;
+    if (kv_kind < KV_F32 || kv_kind > KV_F16) return -1;
     const int64_t tok_stride = num_kv_heads * row_bytes;
     const int64_t blk_stride = block_size * tok_stride;
     const float score_scale = scale * tensor_scale_k;
@@ -205,6 +242,8 @@ int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, con
     } while (0)
         if (kv_kind == KV_FP8) ATTEND_KIND(KV_FP8);
         else if (kv_kind == KV_INT8) ATTEND_KIND(KV_INT8);
+        else if (kv_kind == KV_BF16) ATTEND_KIND(KV_BF16);
+        else if (kv_kind == KV_F16) ATTEND_KIND(KV_F16);
         else ATTEND_KIND(KV_F32);
         if (tensor_scale_v != 1.f)
             for (int64_t i = 0; i < group * head_dim; i++) os[i] *= tensor_scale_v;
