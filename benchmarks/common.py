@@ -241,9 +241,14 @@ def ratio(a: float, b: float) -> str:
 
 
 def median_spread(values: Sequence[float], scale: float = 1.0) -> tuple[float, str]:
-    """The median of `values` times `scale`, and their spread as 'min-max' (3 significant digits)."""
+    """The median of `values` times `scale`, and their spread as 'min-max' (3 significant digits, whole numbers
+    from 100 up)."""
+
+    def short(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
     med = statistics.median(values) * scale
-    return med, f"{min(values) * scale:.3g}-{max(values) * scale:.3g}"
+    return med, f"{short(min(values) * scale)}-{short(max(values) * scale)}"
 
 
 # ------------------------------------------------------------------------------------------------ machine
