@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         ttft, ttft_spread = median_spread([r["ttft_s"] for r in runs], 1000.0)
         decode, decode_spread = median_spread([r["decode_tok_s"] for r in runs])
         rss, _ = median_spread([r["rss_bytes"] for r in runs], 1 / 2**20)
-        table.add(engine, what, f"{ttft:.0f} ({ttft_spread})", f"{decode:.1f} ({decode_spread})", f"{rss:.0f}",
+        table.add(engine, what, f"{ttft:,.0f} ({ttft_spread})", f"{decode:.1f} ({decode_spread})", f"{rss:.0f}",
                   ratio(ttft / 1000.0, vx_ttft), ratio(vx_decode, decode))
     table.notes.append(f"Medians of {ns.rounds} interleaved rounds (spread min-max), each engine in a fresh process. "
                        f"Machine: {machine_description()}; threads: {ns.threads} for every engine.")
