@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "quantization": "per weight format: bytes, load time, RSS, batch-1 and batched tokens/s; float path and llama.cpp",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
     "gguf_memory": "engine RSS of a GGUF model run natively vs the same model expanded to float32 (default model)",
+    "latency": "batch-1 time to first token (512-token prompt) and decode tokens/s, vx vs llama.cpp and HF generate",
 }
 
 

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -237,6 +238,55 @@ def ratio(a: float, b: float) -> str:
     if not b or math.isnan(a) or math.isnan(b):
         return "n/a"
     return f"{a / b:.2f}x"
+
+
+def median_spread(values: Sequence[float], scale: float = 1.0) -> tuple[float, str]:
+    """The median of `values` times `scale`, and their spread as 'min-max' (3 significant digits, whole numbers
+    from 100 up)."""
+
+    def short(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+    med = statistics.median(values) * scale
+    return med, f"{short(min(values) * scale)}-{short(max(values) * scale)}"
+
+
+# ------------------------------------------------------------------------------------------------ machine
+def machine_description() -> str:
+    """The CPU for a table's note: its model name, core count and the vector/matrix units that matter here."""
+    from vx import platform
+
+    flags = platform.cpu_flags()
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or 'CPU'}, {os.cpu_count()} cores, {'/'.join(isa) or 'no AVX2'}"
+
+
+def rss_bytes() -> int:
+    """This process's resident memory."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def run_child(module: str, argv: list[str], threads: int | None = None) -> dict | str:
+    """Run `python -m module *argv` in a fresh process (OMP_NUM_THREADS=threads when given) and return the dict it
+    prints on a `RESULT <json>` line, or 'failed: ...' with the tail of its output."""
+    import json
+
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line.removeprefix("RESULT "))
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return "failed: " + " / ".join(tail)
 
 
 # ------------------------------------------------------------------------------------------------- tables

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -32,19 +31,14 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import REPO_ROOT, Table, bench_cache_dir, quiet_logs, ratio
+from benchmarks.common import (Table, bench_cache_dir, machine_description, median_spread, quiet_logs, ratio,
+                               rss_bytes, run_child)
 
 FORMATS = ("gguf", "float", "int8", "int4", "llama.cpp")
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 
 # --------------------------------------------------------------------------------------------- the child
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
 def weight_bytes(model: Any) -> int:
     """Bytes of the weights a model holds: its parameters and buffers, and the packed kernel weights its layers'
     quantization methods keep (anything with `nbytes` among a layer's attributes, or in a list of them), each
@@ -73,7 +67,7 @@ def run_vx(fmt: str, model: str, decode_tokens: int, num_requests: int, output_l
     import vx
 
     quiet_logs()
-    base = _rss_bytes()
+    base = rss_bytes()
     args: dict[str, Any] = dict(dtype=dtype, device="cpu", max_model_len=1024, num_kv_blocks=256, block_size=16,
                                 max_num_seqs=max(num_requests, 1))
     if fmt in ("int8", "int4"):
@@ -85,7 +79,7 @@ def run_vx(fmt: str, model: str, decode_tokens: int, num_requests: int, output_l
     result = {"weight_bytes": weight_bytes(runner.model), "load_s": load_s}
     greedy = dict(temperature=0.0, ignore_eos=True)
     llm.generate([PROMPT], vx.SamplingParams(max_tokens=4, **greedy), use_tqdm=False)  # warm up
-    result["rss_bytes"] = _rss_bytes() - base
+    result["rss_bytes"] = rss_bytes() - base
     t0 = time.perf_counter()
     llm.generate([PROMPT], vx.SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
     first = time.perf_counter() - t0
@@ -96,7 +90,7 @@ def run_vx(fmt: str, model: str, decode_tokens: int, num_requests: int, output_l
     t0 = time.perf_counter()
     outs = llm.generate(prompts, vx.SamplingParams(max_tokens=output_len, **greedy), use_tqdm=False)
     result["throughput_tok_s"] = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
-    result["rss_bytes"] = max(result["rss_bytes"], _rss_bytes() - base)
+    result["rss_bytes"] = max(result["rss_bytes"], rss_bytes() - base)
     llm.shutdown()
     return result
 
@@ -107,7 +101,7 @@ def run_llama_cpp(gguf: str, decode_tokens: int, num_requests: int, output_len: 
 
     import vx  # noqa: F401
 
-    base = _rss_bytes()
+    base = rss_bytes()
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
@@ -128,7 +122,7 @@ def run_llama_cpp(gguf: str, decode_tokens: int, num_requests: int, output_len: 
         out = llm.create_completion(f"{PROMPT} ({i})", max_tokens=output_len, temperature=0.0, logit_bias=no_eos)
         total += out["usage"]["completion_tokens"]
     throughput = total / (time.perf_counter() - t0)
-    rss = _rss_bytes() - base
+    rss = rss_bytes() - base
     # llama.cpp maps the file: its weights are the file's tensor data.
     return {"weight_bytes": os.path.getsize(gguf), "load_s": load_s, "rss_bytes": rss,
             "decode_tok_s": generated / max(decode_s, 1e-9), "throughput_tok_s": throughput}
@@ -179,37 +173,12 @@ def float_checkpoint(gguf: str) -> str:
 
 
 def _run_child(fmt: str, ns: argparse.Namespace, float_dir: str) -> dict | str:
-    cmd = [sys.executable, "-m", "benchmarks.quantization", "--child", "--format", fmt, "--gguf", ns.gguf,
-           "--float-dir", float_dir, "--decode-tokens", str(ns.decode_tokens), "--num-requests",
-           str(ns.num_requests), "--output-len", str(ns.output_len), "--dtype", ns.dtype]
+    argv = ["--child", "--format", fmt, "--gguf", ns.gguf, "--float-dir", float_dir, "--decode-tokens",
+            str(ns.decode_tokens), "--num-requests", str(ns.num_requests), "--output-len", str(ns.output_len),
+            "--dtype", ns.dtype]
     if ns.threads:
-        cmd += ["--threads", str(ns.threads)]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(ns.threads)} if ns.threads else {}))
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line.removeprefix("RESULT "))
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return "failed: " + " / ".join(tail)
-
-
-def _machine() -> str:
-    from vx import platform
-
-    flags = platform.cpu_flags()
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{model or 'CPU'}, {os.cpu_count()} cores, {'/'.join(isa) or 'no AVX2'}"
-
-
-def _stat(values: list[float], scale: float = 1.0) -> tuple[float, str]:
-    med = statistics.median(values) * scale
-    return med, f"{min(values) * scale:.3g}-{max(values) * scale:.3g}"
+        argv += ["--threads", str(ns.threads)]
+    return run_child("benchmarks.quantization", argv, ns.threads)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -269,16 +238,16 @@ def main(argv: list[str] | None = None) -> None:
             table.add(fmt, failures.get(fmt, "no result"))
             continue
         mib = 1 / 2**20
-        weights, _ = _stat([r["weight_bytes"] for r in runs], mib)
-        load, load_spread = _stat([r["load_s"] for r in runs])
-        rss, rss_spread = _stat([r["rss_bytes"] for r in runs], mib)
-        decode, decode_spread = _stat([r["decode_tok_s"] for r in runs])
-        tp, tp_spread = _stat([r["throughput_tok_s"] for r in runs])
+        weights, _ = median_spread([r["weight_bytes"] for r in runs], mib)
+        load, load_spread = median_spread([r["load_s"] for r in runs])
+        rss, rss_spread = median_spread([r["rss_bytes"] for r in runs], mib)
+        decode, decode_spread = median_spread([r["decode_tok_s"] for r in runs])
+        tp, tp_spread = median_spread([r["throughput_tok_s"] for r in runs])
         table.add(fmt, weights, f"{load:.2f} ({load_spread})", f"{rss:.0f} ({rss_spread})",
                   f"{decode:.1f} ({decode_spread})", ratio(decode, base_decode), f"{tp:.1f} ({tp_spread})",
                   ratio(tp, base_tp))
     table.notes.append(f"Medians of {ns.rounds} interleaved rounds (spread min-max), each format in a fresh process. "
-                       f"Machine: {_machine()}; threads: {ns.threads or 'all'}.")
+                       f"Machine: {machine_description()}; threads: {ns.threads or 'all'}.")
     table.notes.append("engine RSS: the process's resident memory once loaded and run, above the same process after "
                        "importing torch and vx (KV cache: 256 blocks of 16 tokens for vx, n_ctx=1024 for llama.cpp).")
     if "llama.cpp" in formats:

@@ -38,6 +38,7 @@ QUICK: list[tuple[str, list[str]]] = [
     ("streaming", ["--num-requests", "8", "--rate", "0.5", "--output-len", "16"]),
     ("async_overhead", ["--num-requests", "8", "--sequential", "2", "--output-len", "16"]),
     ("startup", ["--runs", "1"]),
+    ("latency", ["--rounds", "1", "--prompt-tokens", "128", "--decode-tokens", "16"]),
 ]
 FULL: list[tuple[str, list[str]]] = [
     ("engine_overhead", ["--steps", "64"]),
@@ -52,6 +53,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("streaming", ["--num-requests", "64", "--rate", "1"]),
     ("async_overhead", []),
     ("startup", ["--runs", "3"]),
+    ("latency", []),
     ("hf_quantization", []),
 ]
 MODEL_FREE = {"engine_overhead", "quant_matmul"}

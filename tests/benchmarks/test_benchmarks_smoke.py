@@ -177,3 +177,19 @@ def test_gguf_memory(tiny_gguf, tmp_path, monkeypatch, capsys):
                              "--max-tokens", "4"])
     out = capsys.readouterr().out
     assert "vx, GGUF natively" in out and "vx, expanded to float32" in out and "ratio (native / float)" in out
+
+
+def test_latency(tiny_gguf, capsys):
+    import importlib.util
+
+    get_main("latency")(["--gguf", tiny_gguf("Q8_0").gguf_path, "--rounds", "1", "--prompt-tokens", "16",
+                         "--decode-tokens", "4", "--decode-prompt-tokens", "4", "--hf-dtypes", "float32"])
+    out = capsys.readouterr().out
+    rows = {r.split("|")[1].strip(): r for r in out.splitlines() if r.startswith("| ")}
+    assert {"vx", "hf-float32"} <= set(rows) and "failed" not in out
+    assert "Q8_0 100% GGUF" in rows["vx"] and rows["vx"].count("1.00x") == 2  # vx is its own reference
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert "llama.cpp skipped: llama-cpp-python is not installed" in out
+    else:
+        assert "llama.cpp" in rows
+    assert "Machine:" in out and "TTFT 16 ms" in out
