@@ -235,28 +235,29 @@ static int check(int64_t M, int64_t K, int64_t N, int64_t G) {
 /* The panel width the layout above was packed for (2 * the vector width of this build). */
 int vx_quant_panel(void) { return P; }
 
-/* y[M, N] = x[M, K] @ W^T for int4 weights q4 (see the layout above); returns 0, or -1 for bad sizes. */
-int vx_q4_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *q4, const float *sz, int64_t N,
-                     int64_t G, float *y, int nthreads) {
+/* y[M, N] = x[M, K] @ W^T over the packed panels of `q` (`panel_bytes` each, `bits` 4 or 8): OpenMP over panels. */
+static int matmul_panels(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t panel_bytes, int bits,
+                         const float *sz, int64_t N, int64_t G, float *y, int nthreads) {
     if (check(M, K, N, G)) return -1;
     const int64_t panels = (N + P - 1) / P, ng = K / G;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t p = 0; p < panels; p++) {
         const int64_t valid = N - p * P < P ? N - p * P : P;
-        one_panel(x, M, K, q4 + p * K * VW, sz + p * ng * 2 * P, G, 4, y + p * P, N, valid);
+        /* Each call with a constant `bits`, so that the inlined panel code is specialised for it. */
+        if (bits == 4) one_panel(x, M, K, q + p * panel_bytes, sz + p * ng * 2 * P, G, 4, y + p * P, N, valid);
+        else one_panel(x, M, K, q + p * panel_bytes, sz + p * ng * 2 * P, G, 8, y + p * P, N, valid);
     }
     return 0;
+}
+
+/* y[M, N] = x[M, K] @ W^T for int4 weights q4 (see the layout above); returns 0, or -1 for bad sizes. */
+int vx_q4_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *q4, const float *sz, int64_t N,
+                     int64_t G, float *y, int nthreads) {
+    return matmul_panels(x, M, K, q4, K * VW, 4, sz, N, G, y, nthreads);
 }
 
 /* The same for int8 weights q8. */
 int vx_q8_matmul_f32(const float *x, int64_t M, int64_t K, const int8_t *q8, const float *sz, int64_t N,
                      int64_t G, float *y, int nthreads) {
-    if (check(M, K, N, G)) return -1;
-    const int64_t panels = (N + P - 1) / P, ng = K / G;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t p = 0; p < panels; p++) {
-        const int64_t valid = N - p * P < P ? N - p * P : P;
-        one_panel(x, M, K, q8 + p * K * P, sz + p * ng * 2 * P, G, 8, y + p * P, N, valid);
-    }
-    return 0;
+    return matmul_panels(x, M, K, (const uint8_t *)q8, K * P, 8, sz, N, G, y, nthreads);
 }
