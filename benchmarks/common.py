@@ -289,6 +289,23 @@ def run_child(module: str, argv: list[str], threads: int | None = None) -> dict 
     return "failed: " + " / ".join(tail)
 
 
+def interleaved_rounds(names: Sequence[str], rounds: int,
+                       run_one: Callable[[str, int], dict | str]) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """Run every name once per round, the names taking turns (`run_one(name, round)`: a result dict, or a string
+    saying why it failed): each name's results, and the last failure of each name that failed."""
+    results: dict[str, list[dict]] = {name: [] for name in names}
+    failures: dict[str, str] = {}
+    for r in range(rounds):
+        for name in names:
+            print(f"round {r + 1}/{rounds}: {name} ...", file=sys.stderr, flush=True)
+            got = run_one(name, r)
+            if isinstance(got, str):
+                failures[name] = got
+            else:
+                results[name].append(got)
+    return results, failures
+
+
 # ------------------------------------------------------------------------------------------------- tables
 @dataclass
 class Table:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (MODEL_CHOICES, Table, machine_description, make_workload, median_spread,
+from benchmarks.common import (MODEL_CHOICES, Table, interleaved_rounds, machine_description, make_workload, median_spread,
                                model_label, prompt_token_range, quiet_logs, ratio, resolve_bench_model,
                                resolve_device, rss_bytes, run_child, set_threads)
 
@@ -258,19 +258,14 @@ def main(argv: list[str] | None = None) -> None:
     base_spec = dict(model_dir=model_dir, device=device, threads=ns.threads, prompt_tokens=ns.prompt_tokens,
                      decode_tokens=ns.decode_tokens, decode_prompt_tokens=ns.decode_prompt_tokens,
                      token_range=prompt_token_range(model_dir))
-    results: dict[str, list[dict]] = {e: [] for e in engines}
-    failures: dict[str, str] = {}
-    for r in range(ns.rounds):
-        for engine in engines:
-            print(f"round {r + 1}/{ns.rounds}: {engine} ...", file=sys.stderr, flush=True)
-            model = gguf if engine in ("vx", "llama.cpp") and gguf else model_dir
-            dtype = engine.removeprefix("hf-") if engine.startswith("hf-") else ns.dtype
-            spec = dict(base_spec, engine=engine, model=model, dtype=dtype, seed=ns.seed + r)
-            got = run_child("benchmarks.latency", ["--child", json.dumps(spec)], ns.threads)
-            if isinstance(got, str):
-                failures[engine] = got
-            else:
-                results[engine].append(got)
+
+    def run_one(engine: str, r: int) -> dict | str:
+        model = gguf if engine in ("vx", "llama.cpp") and gguf else model_dir
+        dtype = engine.removeprefix("hf-") if engine.startswith("hf-") else ns.dtype
+        spec = dict(base_spec, engine=engine, model=model, dtype=dtype, seed=ns.seed + r)
+        return run_child("benchmarks.latency", ["--child", json.dumps(spec)], ns.threads)
+
+    results, failures = interleaved_rounds(engines, ns.rounds, run_one)
 
     weights = f"{gguf_weight_types(gguf)} GGUF" if gguf else "checkpoint"
     label = os.path.basename(gguf) if gguf else model_label(ns.model, model_dir)

@@ -31,8 +31,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (Table, bench_cache_dir, machine_description, median_spread, quiet_logs, ratio,
-                               rss_bytes, run_child)
+from benchmarks.common import (Table, bench_cache_dir, interleaved_rounds, machine_description, median_spread,
+                               quiet_logs, ratio, rss_bytes, run_child)
 
 FORMATS = ("gguf", "float", "int8", "int4", "llama.cpp")
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -216,16 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                   "see docs/quantization.md for the build flags)", file=sys.stderr)
             formats.remove("llama.cpp")
     float_dir = ns.float_model or (float_checkpoint(ns.gguf) if set(formats) & {"float", "int8", "int4"} else "")
-    results: dict[str, list[dict]] = {f: [] for f in formats}
-    failures: dict[str, str] = {}
-    for r in range(ns.rounds):
-        for fmt in formats:
-            print(f"round {r + 1}/{ns.rounds}: {fmt} ...", file=sys.stderr, flush=True)
-            got = _run_child(fmt, ns, float_dir)
-            if isinstance(got, str):
-                failures[fmt] = got
-            else:
-                results[fmt].append(got)
+    results, failures = interleaved_rounds(formats, ns.rounds, lambda fmt, _round: _run_child(fmt, ns, float_dir))
     table = Table(f"Quantized weights: {os.path.basename(ns.gguf)}, vx {ns.dtype} activations",
                   ["format", "weight MiB", "load s", "engine RSS MiB", "batch-1 tok/s", "vs float",
                    f"{ns.num_requests} req tok/s", "vs float"])
