@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vx.models.layers.quantization.base_config import (LinearMethodBase, QuantizationConfig, matches_module_list,
-                                                       set_weight_attrs)
-from vx.models.layers.quantization.packing import PackedLinearMethod, finish_packed, int4_groupwise, unpack_int32
+from vx.models.layers.quantization.base_config import LinearMethodBase, QuantizationConfig, matches_module_list
+from vx.models.layers.quantization.packing import (PackedLinearMethod, finish_packed, input_groups, int4_groupwise,
+                                                   register_packed, unpack_int32)
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 """The feature each slot of an AWQ word holds, slot 0 in the lowest 4 bits."""
@@ -75,24 +75,13 @@ class AWQLinearMethod(PackedLinearMethod):
         if any(size % _PACK for size in output_partition_sizes):
             raise ValueError(f"{layer.prefix}: AWQ packs 8 output features a word, and {output_partition_sizes} "
                              f"are not all multiples of 8.")
-        # One group per row (-1) is one group per rank's row; its scales do not split along the input.
-        per_row = self.config.group_size == -1
-        group = k if per_row else self.config.group_size
-        if k % group:
-            raise ValueError(f"{layer.prefix}: {k} input features are not whole groups of {group}.")
-        group_dim = None if per_row else 0
-        params = {
-            "qweight": (torch.empty(k, n // _PACK, dtype=torch.int32), 0),
-            "qzeros": (torch.empty(k // group, n // _PACK, dtype=torch.int32), group_dim),
+        group, group_dim = input_groups(layer, k, self.config.group_size)
+        register_packed(layer, {
+            "qweight": (torch.empty(k, n // _PACK, dtype=torch.int32), 0, 1),
+            "qzeros": (torch.empty(k // group, n // _PACK, dtype=torch.int32), group_dim, 1),
             # float32 holds fp16 and bf16 scales exactly; the kernel takes them in the model dtype.
-            "scales": (torch.empty(k // group, n, dtype=torch.float32), group_dim),
-        }
-        for name, (data, input_dim) in params.items():
-            param = nn.Parameter(data, requires_grad=False)
-            set_weight_attrs(param, {"input_dim": input_dim, "output_dim": 1, "weight_loader": layer.weight_loader})
-            layer.register_parameter(name, param)
-        layer.quant_group_size = group
-        layer.act_dtype = params_dtype
+            "scales": (torch.empty(k // group, n, dtype=torch.float32), group_dim, 1),
+        }, group, params_dtype)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         q = unpack_int32(layer.qweight.data, 4, dim=1, order=AWQ_PACK_ORDER)      # [K, N]

@@ -20,10 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vx.models.layers.quantization.base_config import (LinearMethodBase, QuantizationConfig, matches_module_list,
-                                                       set_weight_attrs)
-from vx.models.layers.quantization.packing import (PackedLinearMethod, finish_packed, int4_groupwise, int8_groupwise,
-                                                   unpack_int32)
+from vx.models.layers.quantization.base_config import LinearMethodBase, QuantizationConfig, matches_module_list
+from vx.models.layers.quantization.packing import (PackedLinearMethod, finish_packed, input_groups, int4_groupwise,
+                                                   int8_groupwise, register_packed, unpack_int32)
 
 _FORMATS = ("gptq", "gptq_v2")
 
@@ -85,25 +84,14 @@ class GPTQLinearMethod(PackedLinearMethod):
         if k % pack or any(size % pack for size in output_partition_sizes):
             raise ValueError(f"{layer.prefix}: GPTQ {self.config.bits}-bit packs {pack} features a word, and "
                              f"{k} inputs / {output_partition_sizes} outputs are not all multiples of it.")
-        per_row = self.config.group_size == -1
-        group = k if per_row else self.config.group_size
-        if k % group:
-            raise ValueError(f"{layer.prefix}: {k} input features are not whole groups of {group}.")
-        group_dim = None if per_row else 0  # one group per row does not split along the input
-        params = {
+        group, group_dim = input_groups(layer, k, self.config.group_size)
+        register_packed(layer, {
             "qweight": (torch.empty(k // pack, n, dtype=torch.int32), 0, 1),
             "qzeros": (torch.empty(k // group, n // pack, dtype=torch.int32), group_dim, 1),
             # float32 holds fp16 and bf16 scales exactly; the kernel takes them in the model dtype.
             "scales": (torch.empty(k // group, n, dtype=torch.float32), group_dim, 1),
             "g_idx": (torch.full((k,), -1, dtype=torch.int32), 0, None),
-        }
-        for name, (data, input_dim, output_dim) in params.items():
-            param = nn.Parameter(data, requires_grad=False)
-            loader = _g_idx_loader(layer) if name == "g_idx" else layer.weight_loader
-            set_weight_attrs(param, {"input_dim": input_dim, "output_dim": output_dim, "weight_loader": loader})
-            layer.register_parameter(name, param)
-        layer.quant_group_size = group
-        layer.act_dtype = params_dtype
+        }, group, params_dtype, loaders={"g_idx": _g_idx_loader(layer)})
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         bits, group = self.config.bits, layer.quant_group_size

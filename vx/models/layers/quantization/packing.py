@@ -4,12 +4,12 @@ the packed weight once it is built."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import nn
 
-from vx.models.layers.quantization.base_config import LinearMethodBase
+from vx.models.layers.quantization.base_config import LinearMethodBase, set_weight_attrs
 from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise
 
 # Group sizes torch's int4 matmuls take; a larger group is the same numbers repeated over a smaller one.
@@ -82,6 +82,30 @@ class PackedLinearMethod(LinearMethodBase):
         # torch's packed matmuls want a contiguous input (a no-op for the usual one).
         y = layer.quant_weight.matmul(x.contiguous() if perm is None else x.index_select(-1, perm))
         return y if bias is None else y + bias
+
+
+def input_groups(layer: nn.Module, input_size_per_partition: int, group_size: int) -> tuple[int, int | None]:
+    """The group size of this rank's input features (`group_size`, or all of them for -1) and the dimension along
+    which grouped tensors (scales, zeros) split for tensor parallelism: 0, or None for one group per row, whose
+    scales do not split along the input."""
+    per_row = group_size == -1
+    group = input_size_per_partition if per_row else group_size
+    if input_size_per_partition % group:
+        raise ValueError(f"{layer.prefix}: {input_size_per_partition} input features are not whole groups of {group}.")
+    return group, None if per_row else 0
+
+
+def register_packed(layer: nn.Module, params: dict[str, tuple[torch.Tensor, int | None, int | None]],
+                    group: int, params_dtype: torch.dtype, loaders: dict[str, Callable] | None = None) -> None:
+    """Register a packed checkpoint's tensors on the layer, each {name: (empty tensor, input_dim, output_dim)} loaded
+    by the layer's weight loader (or `loaders[name]`), and note its group size and activation dtype."""
+    for name, (data, input_dim, output_dim) in params.items():
+        param = nn.Parameter(data, requires_grad=False)
+        loader = (loaders or {}).get(name, layer.weight_loader)
+        set_weight_attrs(param, {"input_dim": input_dim, "output_dim": output_dim, "weight_loader": loader})
+        layer.register_parameter(name, param)
+    layer.quant_group_size = group
+    layer.act_dtype = params_dtype
 
 
 def finish_packed(layer: nn.Module, weight: PackedWeight, loaded: Sequence[str]) -> None:
