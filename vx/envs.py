@@ -51,6 +51,12 @@ VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`; "
     "quantized weights multiply through torch's slower ops")
 
+VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
+    "VX_DECODE_COMPILE", "background", str,
+    "when the CPU's compiled decode graphs are compiled: `background` (one batch size at a time while eager steps "
+    "serve: size 1 at start-up, others when first needed), `startup` (all of them before the engine serves) or "
+    "`off` (never: every step eager, as `enforce_eager=True`)")
+
 VX_API_KEY: EnvVar[str | None] = EnvVar(
     "VX_API_KEY", "", _optional,
     "the key `vx serve` requires as `Authorization: Bearer KEY` on /v1/* when `--api-key` is not given")

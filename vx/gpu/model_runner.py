@@ -9,9 +9,11 @@ import torch
 
 from vx.config import VxConfig, checkpoint_quantization_config
 from vx.gpu.attention import get_attn_backend
+from vx import envs
 from vx.gpu.attention.backend import CommonAttentionMetadata
+from vx.gpu.decode_graphs import DecodeGraphs
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
-from vx.gpu.input_batch import CachedRequestState, InputBatch
+from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
 from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
@@ -40,6 +42,7 @@ class ModelRunner:
             config.device_config.attention_backend, device.type, dtype=self.dtype,
             block_size=self.block_size, head_dim=config.model_config.head_dim, kv_cache_dtype=self.kv_cache_dtype)
         self.kv_caches: list[torch.Tensor] = []
+        self.decode_graphs: DecodeGraphs | None = None
 
     def load_model(self) -> None:
         mc = self.model_config
@@ -54,6 +57,28 @@ class ModelRunner:
         assert self.model is not None, "load_model() first"
         self.kv_caches = bind_kv_caches(self.model, self.attn_backend, num_blocks, self.block_size,
                                         self.dtype, self.device, self.kv_cache_dtype)
+        self._init_decode_graphs()
+
+    def _init_decode_graphs(self) -> None:
+        """Compiled decode, unless `enforce_eager` or the backend cannot take it (CUDA graphs: not yet)."""
+        when = envs.VX_DECODE_COMPILE.get()
+        if when not in ("background", "startup", "off"):
+            raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
+        if (self.config.device_config.enforce_eager or when == "off" or self.device.type != "cpu"
+                or not self.attn_backend.supports_decode_graphs(self.device.type)):
+            return
+        max_blocks = -(-self.model_config.max_model_len // self.block_size)
+        self.decode_graphs = DecodeGraphs(self.model, self.config.scheduler_config.max_num_seqs, max_blocks,
+                                          self.device)
+        if when == "startup":
+            self.decode_graphs.compile_now()
+        else:
+            self.decode_graphs.compile_in_background(1)
+
+    def shutdown(self) -> None:
+        """Stop the background decode compiler (it ends after the size it is compiling)."""
+        if self.decode_graphs is not None:
+            self.decode_graphs.shutdown()
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -67,6 +92,34 @@ class ModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [], failed=failed)
         inp = self.input_batch.prepare(scheduler_output)
+        # Every scheduled request runs, a failed one too: its blocks may be shared with another request that reads
+        # them in this very step (prefix caching registers blocks when they are allocated).
+        hidden = self._forward(scheduler_output, inp)
+        prompt_logprobs = self._prompt_logprobs(scheduler_output, inp.query_start_loc, hidden, failed)
+        rows = [i for i, req_id in enumerate(inp.sampling_req_ids) if req_id not in failed]
+        if not rows:
+            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs, failed=failed)
+        logits = self.model.compute_logits(hidden[inp.logits_indices.to(self.device)])
+        if scheduler_output.grammar_bitmask is not None:
+            # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
+            apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, scheduler_output.grammar_req_ids,
+                                  inp.sampling_req_ids)
+        if len(rows) < len(inp.sampling_req_ids):
+            logits = logits[torch.tensor(rows, device=self.device)]
+        states = [inp.sampling_states[i] for i in rows]
+        states, sampled, row_logprobs = self._sample(logits, states, failed)
+        return ModelRunnerOutput([s.req_id for s in states], sampled, row_logprobs, prompt_logprobs, failed)
+
+    def _forward(self, scheduler_output: SchedulerOutput, inp: StepInputs) -> torch.Tensor:
+        """The step's hidden states [T, hidden]: through a compiled decode graph when the step is decode-only and
+        its size is compiled, else eagerly."""
+        num_reqs = scheduler_output.num_reqs
+        if (self.decode_graphs is not None and inp.max_query_len == 1
+                and scheduler_output.total_num_scheduled_tokens == num_reqs):
+            size = self.decode_graphs.graph_size(num_reqs)
+            if size is not None:
+                return self.decode_graphs.run(size, inp.input_ids, inp.positions, torch.from_numpy(inp.slot_mapping),
+                                              torch.from_numpy(inp.block_table), torch.from_numpy(inp.seq_lens))
         dev = self.device
         qsl_cpu = torch.from_numpy(inp.query_start_loc)
         seq_lens_cpu = torch.from_numpy(inp.seq_lens)
@@ -84,24 +137,8 @@ class ModelRunner:
             block_size=self.block_size,
         )
         attn_metadata = self.attn_backend.build_metadata(common)
-        # Every scheduled request runs, a failed one too: its blocks may be shared with another request that reads
-        # them in this very step (prefix caching registers blocks when they are allocated).
-        hidden = self.model(inp.input_ids.to(dev, non_blocking=True),
-                            inp.positions.to(dev, non_blocking=True), attn_metadata)
-        prompt_logprobs = self._prompt_logprobs(scheduler_output, inp.query_start_loc, hidden, failed)
-        rows = [i for i, req_id in enumerate(inp.sampling_req_ids) if req_id not in failed]
-        if not rows:
-            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs, failed=failed)
-        logits = self.model.compute_logits(hidden[inp.logits_indices.to(dev)])
-        if scheduler_output.grammar_bitmask is not None:
-            # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
-            apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, scheduler_output.grammar_req_ids,
-                                  inp.sampling_req_ids)
-        if len(rows) < len(inp.sampling_req_ids):
-            logits = logits[torch.tensor(rows, device=dev)]
-        states = [inp.sampling_states[i] for i in rows]
-        states, sampled, row_logprobs = self._sample(logits, states, failed)
-        return ModelRunnerOutput([s.req_id for s in states], sampled, row_logprobs, prompt_logprobs, failed)
+        return self.model(inp.input_ids.to(dev, non_blocking=True), inp.positions.to(dev, non_blocking=True),
+                          attn_metadata)
 
     def _sample(self, logits: torch.Tensor, states: list[CachedRequestState], failed: dict[str, str],
                 ) -> tuple[list[CachedRequestState], list[int], list[TokenLogprobs | None] | None]:

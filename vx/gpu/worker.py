@@ -69,4 +69,6 @@ class Worker:
         return self.model_runner.execute_model(scheduler_output)
 
     def shutdown(self) -> None:
+        if self.model_runner is not None:
+            self.model_runner.shutdown()
         self.model_runner = None

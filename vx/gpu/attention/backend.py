@@ -41,6 +41,20 @@ class CommonAttentionMetadata:
 
 
 @dataclass
+class DecodeGraphMetadata:
+    """A decode-only step's attention inputs as tensors only, for a compiled decode graph (`vx.gpu.decode_graphs`).
+
+    Row i is one request's single new token: its k/v go to slot_mapping[i], and it attends to the first
+    seq_lens[i] tokens of its blocks block_table[i]. Padding rows write the null block's first slot and attend to
+    it alone. Backends whose `supports_decode_graphs` is True take it in place of their own metadata.
+    """
+
+    slot_mapping: torch.Tensor  # int64 [B]
+    block_table: torch.Tensor   # int32 [B, max_blocks_per_seq], contiguous
+    seq_lens: torch.Tensor      # int32 [B]
+
+
+@dataclass
 class KVCacheWrite:
     """Where one step's new k/v rows go in the cache: built once per step, applied by every layer."""
 
@@ -151,6 +165,11 @@ class AttentionBackend(ABC):
         says so in its own override.
         """
         return quantized_cache_refusal("this backend", kv_cache_dtype)
+
+    @staticmethod
+    def supports_decode_graphs(device_type: str) -> bool:
+        """Whether its layers take `DecodeGraphMetadata`, so that decode steps can run compiled graphs."""
+        return False
 
     @staticmethod
     def is_paged(block_size: int) -> bool:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from vx.gpu.attention.backend import AttentionImpl, CommonAttentionMetadata
-from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+from vx.gpu.attention.backend import AttentionImpl, CommonAttentionMetadata, DecodeGraphMetadata
+from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel, register_paged_decode_op
 from vx.gpu.attention.torch_backend import TorchAttentionBackend, TorchAttentionImpl, TorchAttentionMetadata
 
 
@@ -51,6 +51,14 @@ class CpuAttentionBackend(TorchAttentionBackend):
             return "its C kernel could not be built (no C compiler, or VX_CPU_KERNELS=0)"
         return None
 
+    @staticmethod
+    def supports_decode_graphs(device_type: str) -> bool:
+        """Decode graphs call the kernel as the `vx::paged_decode_attention` operator."""
+        if device_type != "cpu" or load_paged_decode_kernel() is None:
+            return False
+        register_paged_decode_op()
+        return True
+
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> CpuAttentionMetadata:
         base = super().build_metadata(common)
@@ -67,6 +75,17 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
 class CpuAttentionImpl(TorchAttentionImpl):
     """Decodes through the C kernel (float32, bf16 or fp16 model; any KV-cache format); the rest as the torch backend."""
+
+    def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: Any) -> torch.Tensor:
+        """A decode graph's step in one operator call (k/v write and attention); any other step as the torch
+        backend, with decodes through the kernel."""
+        if isinstance(attn_metadata, DecodeGraphMetadata):
+            md = attn_metadata
+            return torch.ops.vx.paged_decode_attention(q, k, v, kv_cache, md.slot_mapping, md.block_table,
+                                                       md.seq_lens, self.scale, self.sliding_window or 0,
+                                                       self.num_heads, self.kv_format.name)
+        return super().forward(layer, q, k, v, kv_cache, attn_metadata)
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: Any, out: torch.Tensor) -> None:
         kernel = load_paged_decode_kernel()

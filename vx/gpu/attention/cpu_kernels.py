@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from vx.gpu.attention.kv_format import KV_CACHE_FORMATS, KVCacheFormat
+from vx.gpu.attention.backend import KVCacheWrite, slot_views
+from vx.gpu.attention.kv_format import KV_CACHE_FORMATS, KVCacheFormat, kv_cache_format
 from vx.kernels.build import load_library
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
@@ -86,6 +87,44 @@ class PagedDecodeKernel:
                       num_heads, num_kv_heads, head_dim, block_size, scale, window or 0, out.data_ptr(),
                       out.stride(0), q_rows.data_ptr(), torch.get_num_threads())
         return rc == 0
+
+
+def _paged_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                            scale: float, window: int, num_heads: int, kv_cache_dtype: str) -> torch.Tensor:
+    """`vx::paged_decode_attention`: store the step's k/v rows at their slots, then decode row i of q over
+    sequence i (every row is a decode)."""
+    fmt = kv_cache_format(kv_cache_dtype)
+    n = q.shape[0]
+    num_kv_heads = kv_cache.shape[-2]
+    k, v = k.reshape(n, num_kv_heads, -1), v.reshape(n, num_kv_heads, -1)
+    if fmt.quantized:
+        k, v = fmt.store(k, kv_cache.dtype), fmt.store(v, kv_cache.dtype)
+    KVCacheWrite(slot_mapping, None).apply(*slot_views(kv_cache), k, v)
+    out = torch.empty_like(q)
+    kernel = load_paged_decode_kernel()
+    rows = torch.arange(n, dtype=torch.int64)
+    if kernel is None or not kernel(q, rows, kv_cache, block_table, seq_lens, scale, window or None, out, num_heads,
+                                    fmt):
+        raise RuntimeError("vx::paged_decode_attention: the CPU paged decode kernel cannot serve this layer.")
+    return out
+
+
+@functools.cache
+def register_paged_decode_op() -> torch.library.Library:
+    """Define `vx::paged_decode_attention` (once per process): the kernel as an operator a compiled graph calls.
+
+    The operator does not declare that it writes `kv_cache`: only this operator reads or writes a layer's cache,
+    once per layer and step, so no other node's order depends on the write, and a declared mutation would make
+    the compiler copy the whole cache each step.
+    """
+    lib = torch.library.Library("vx", "FRAGMENT")
+    lib.define("paged_decode_attention(Tensor q, Tensor k, Tensor v, Tensor kv_cache, Tensor slot_mapping, "
+               "Tensor block_table, Tensor seq_lens, float scale, int window, int num_heads, str kv_cache_dtype) "
+               "-> Tensor")
+    lib.impl("paged_decode_attention", _paged_decode_attention, "CPU")
+    lib.impl("paged_decode_attention", lambda q, *args: torch.empty_like(q), "Meta")
+    return lib
 
 
 @functools.cache

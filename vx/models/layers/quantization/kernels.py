@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vx.kernels import torch_ops
 from vx.kernels.quant_matmul import PackedQuantWeight, QuantMatmulKernel, load_quant_matmul_kernel
 
 # What `.kernel` reports.
@@ -38,12 +39,23 @@ _BLOCK_ELEMENTS = 1 << 20
 
 def _vx_cpu_kernel(device: torch.device) -> QuantMatmulKernel | None:
     """vx's C kernel where it serves (the CPU, when it builds here), else None."""
-    return load_quant_matmul_kernel() if device.type == "cpu" else None
+    kernel = load_quant_matmul_kernel() if device.type == "cpu" else None
+    if kernel is not None:
+        torch_ops.library()  # its operator, for the compiled decode's graphs
+    return kernel
 
 
 def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] in any float dtype through the float32 kernel, back in x's dtype (converting x costs M x K)."""
-    y = kernel.matmul(x.reshape(-1, packed.in_features).to(torch.float32), packed)
+    """x [..., K] in any float dtype through the float32 kernel, back in x's dtype (converting x costs M x K).
+
+    A traced graph (compiled decode) calls the kernel as the opaque `vx::quant_matmul` operator; eager code calls
+    it directly, without the dispatcher's few microseconds a call.
+    """
+    x2 = x.reshape(-1, packed.in_features).to(torch.float32)
+    if torch_ops.tracing(x):
+        y = torch.ops.vx.quant_matmul(x2, packed.q, packed.sz, packed.out_features, packed.group_size, packed.bits)
+    else:
+        y = kernel.matmul(x2, packed)
     return y.to(x.dtype).reshape(*x.shape[:-1], packed.out_features)
 
 

@@ -1,0 +1,154 @@
+"""Compiled decode (vx.gpu.decode_graphs): which graph a step runs, its padding, its buffers, and that compiled and
+eager decode give Hugging Face's greedy tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import vx
+from vx.gpu.decode_graphs import PADDING_SLOT, DecodeBuffers, bucket_for, capture_sizes
+
+MAX_NEW = 20
+
+
+def test_capture_sizes_cover_max_num_seqs():
+    assert capture_sizes(64, "cpu") == [1, 2, 4, 8, 16, 32, 64]
+    assert capture_sizes(48, "cpu") == [1, 2, 4, 8, 16, 32, 48]
+    assert capture_sizes(1, "cpu") == [1]
+    assert capture_sizes(40, "cuda") == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert capture_sizes(3, "cuda") == [1, 2, 3]
+    with pytest.raises(ValueError):
+        capture_sizes(0, "cpu")
+
+
+def test_bucket_is_the_smallest_size_that_holds_the_batch():
+    sizes = [1, 2, 4, 8]
+    assert [bucket_for(sizes, n) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert bucket_for(sizes, 9) is None
+
+
+def test_buffers_pad_rows_past_the_batch_and_are_reused():
+    buffers = DecodeBuffers.allocate(8, 6, torch.device("cpu"))
+    pointers = [t.data_ptr() for t in (buffers.input_ids, buffers.slot_mapping, buffers.block_table)]
+    for n, size in ((3, 4), (1, 1), (5, 8)):
+        ids = torch.arange(10, 10 + n)
+        block_table = torch.arange(1, 1 + 2 * n, dtype=torch.int32).view(n, 2)
+        buffers.fill(ids, ids + 100, ids + 1000, block_table, torch.full((n,), 17, dtype=torch.int32), size)
+        md = buffers.metadata(size)
+        assert md.slot_mapping.shape == (size,) and md.block_table.shape == (size, 6)
+        assert buffers.input_ids[:n].tolist() == ids.tolist()
+        assert md.slot_mapping[:n].tolist() == (ids + 1000).tolist()
+        assert md.block_table[:n, :2].tolist() == block_table.tolist()
+        # Padding rows: token 0 at position 0, writing and reading the null block's first slot only.
+        assert md.slot_mapping[n:].tolist() == [PADDING_SLOT] * (size - n)
+        assert md.seq_lens[n:].tolist() == [1] * (size - n)
+        assert md.block_table[n:, 0].tolist() == [0] * (size - n)
+        assert buffers.input_ids[n:size].tolist() == [0] * (size - n)
+        assert buffers.positions[n:size].tolist() == [0] * (size - n)
+    assert [t.data_ptr() for t in (buffers.input_ids, buffers.slot_mapping, buffers.block_table)] == pointers
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    rng = random.Random(7)
+    shared = [rng.randrange(1, vocab) for _ in range(20)]
+    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in (1, 5, 12, 30)]
+    return prompts + [shared + [rng.randrange(1, vocab) for _ in range(k)] for k in (3, 9)] + [list(shared)]
+
+
+def _hf_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    outs = []
+    for p in prompts:
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                                 attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        outs.append(gen[0, len(p):].tolist())
+    return outs
+
+
+def _runner(llm: vx.LLM):
+    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+
+
+def _vx_greedy(model: str, prompts: list[list[int]], **engine_args) -> tuple[list[list[int]], dict[int, int]]:
+    llm = vx.LLM(model, dtype="float32", device="cpu", max_num_seqs=4, **engine_args)
+    try:
+        outs = llm.generate(prompts, vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)
+        graphs = _runner(llm).decode_graphs
+        return [o.outputs[0].token_ids for o in outs], {} if graphs is None else dict(graphs.steps_run)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["float", "gguf-q4_1"])
+def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, monkeypatch, weights):
+    """Float32: compiled decode (every size compiled before serving), eager decode and HF generate agree token for
+    token. Seven prompts with max_num_seqs=4 make decode steps of 4 requests, then of 3 (the graph of 4
+    with a padding row), next to prefill and mixed steps that stay eager; a tiny KV cache adds
+    preemption."""
+    if weights == "float":
+        model, reference_dir = tiny_model_dirs["llama"], tiny_model_dirs["llama"]
+    else:
+        tiny = tiny_gguf("Q4_1")
+        model, reference_dir = tiny.gguf_path, tiny.float_dir
+    prompts = _prompts(300)  # within every tiny model's vocabulary
+    want = _hf_greedy(reference_dir, prompts)
+    eager, eager_steps = _vx_greedy(model, prompts, enforce_eager=True)
+    assert eager_steps == {}
+    monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
+    compiled, compiled_steps = _vx_greedy(model, prompts)
+    for i, w in enumerate(want):
+        assert eager[i] == w, f"eager, prompt {i}"
+        assert compiled[i] == w, f"compiled, prompt {i}"
+    assert compiled_steps.get(4, 0) > 0, compiled_steps  # the graphs served, the padded one of 3 requests included
+    if weights == "gguf-q4_1":  # once is enough: each engine compiles its own graphs (a minute on 2 cores)
+        preempted, preempted_steps = _vx_greedy(model, prompts, num_kv_blocks=12, block_size=8, max_model_len=64)
+        assert preempted == want
+        assert sum(preempted_steps.values()) > 0
+
+
+def test_enforce_eager_and_off_compile_nothing(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("VX_DECODE_COMPILE", "background")
+    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", enforce_eager=True)
+    try:
+        assert _runner(llm).decode_graphs is None
+    finally:
+        llm.shutdown()
+    monkeypatch.setenv("VX_DECODE_COMPILE", "off")
+    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu")
+    try:
+        assert _runner(llm).decode_graphs is None
+    finally:
+        llm.shutdown()
+
+
+def test_steps_run_eagerly_until_their_size_is_compiled(tiny_model_dir, monkeypatch):
+    """In the background mode, a decode step whose size has no graph yet runs eagerly and queues the size; mixed
+    steps never use a graph."""
+    monkeypatch.setenv("VX_DECODE_COMPILE", "background")
+    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=4)
+    try:
+        graphs = _runner(llm).decode_graphs
+        assert graphs is not None and graphs.sizes == [1, 2, 4]
+        assert graphs.wait(timeout=600)  # size 1, queued at start-up
+        assert graphs.ready_sizes == [1]
+        params = vx.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=False)
+        # Two requests decode together: size 2 was queued by the first such step, which ran eagerly.
+        assert graphs.steps_run.get(2, 0) < 5
+        assert graphs.wait(timeout=600)
+        assert 2 in graphs.ready_sizes
+    finally:
+        llm.shutdown()
+
+
+def test_invalid_decode_compile_setting_is_refused(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("VX_DECODE_COMPILE", "sometimes")
+    with pytest.raises(Exception, match="VX_DECODE_COMPILE"):
+        vx.LLM(tiny_model_dir, dtype="float32", device="cpu")
