@@ -3,6 +3,7 @@
     python -m benchmarks.decode_step                                 # 64 requests at context ~300
     python -m benchmarks.decode_step --batch 32 --context 512 --backends torch,cpu --profile
     python -m benchmarks.decode_step --backends cpu --kv-cache-dtypes auto,fp8_e4m3,int8
+    python -m benchmarks.decode_step --batch 1 --backends cpu --modes eager,compiled --breakdown
 
 `--batch` requests with random `--context`-token prompts are prefilled, then decode steps are timed for each
 variant (each backend in `--backends` with each dtype in `--kv-cache-dtypes`): `torch` gathers each context out of
@@ -31,19 +32,37 @@ if __package__ in (None, ""):
 from benchmarks.common import Table, add_model_args, model_label, quiet_logs, ratio, resolve_bench_model, set_threads
 
 
-def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, args: argparse.Namespace) -> Any:
-    """An LLMEngine with the batch prefilled and 3 decode steps done, ready to time."""
+def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, args: argparse.Namespace) -> Any:
+    """An LLMEngine with the batch prefilled and 3 decode steps done, ready to time; in `compiled` mode, with the
+    decode graph of the batch's size compiled."""
     import vx
     from vx.client.llm_engine import LLMEngine
     from vx.config import EngineArgs
 
-    engine = LLMEngine.from_engine_args(EngineArgs(
-        model=model_dir, dtype=args.dtype, device=args.device, attention_backend=backend,
-        kv_cache_dtype=kv_cache_dtype, max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.context + 1),
-        max_model_len=args.context + args.repeats * args.steps + 32, num_kv_blocks=_blocks_needed(args)))
+    saved = os.environ.get("VX_DECODE_COMPILE")
+    os.environ["VX_DECODE_COMPILE"] = "background"  # the one size timed is compiled below
+    try:
+        engine = LLMEngine.from_engine_args(EngineArgs(
+            model=model_dir, dtype=args.dtype, device=args.device, attention_backend=backend,
+            kv_cache_dtype=kv_cache_dtype, max_num_seqs=args.batch,
+            max_num_batched_tokens=max(2048, args.context + 1),
+            max_model_len=args.context + args.repeats * args.steps + 32 + _BREAKDOWN_STEPS,
+            num_kv_blocks=_blocks_needed(args), enforce_eager=mode == "eager"))
+    finally:
+        if saved is None:
+            os.environ.pop("VX_DECODE_COMPILE")
+        else:
+            os.environ["VX_DECODE_COMPILE"] = saved
+    graphs = _runner(engine).decode_graphs
+    if mode == "compiled":
+        if graphs is None:
+            raise SystemExit(f"backend {backend} has no compiled decode here")
+        graphs.wait()
+        graphs.compile_now([graphs.sizes[-1]])
     rng = random.Random(args.seed)
     vocab = engine.config.model_config.vocab_size
-    params = vx.SamplingParams(max_tokens=args.repeats * args.steps + 10, ignore_eos=True, temperature=0.0)
+    params = vx.SamplingParams(max_tokens=args.repeats * args.steps + 10 + _BREAKDOWN_STEPS, ignore_eos=True,
+                               temperature=0.0)
     for i in range(args.batch):
         engine.add_request(str(i), [rng.randrange(1, vocab) for _ in range(args.context)], params)
     scheduler = engine.engine_core.engine_core.scheduler
@@ -55,10 +74,17 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, args: argpar
     return engine
 
 
+_BREAKDOWN_STEPS = 10
+
+
+def _runner(engine: Any) -> Any:
+    return engine.engine_core.engine_core.executor.worker.model_runner
+
+
 def _blocks_needed(args: argparse.Namespace) -> int:
     """Every request's whole context (blocks of 16 tokens, the default), and the null block: the same cache size in
     blocks for every variant."""
-    return args.batch * -(-(args.context + args.repeats * args.steps + 32) // 16) + 1
+    return args.batch * -(-(args.context + args.repeats * args.steps + 32 + _BREAKDOWN_STEPS) // 16) + 1
 
 
 def time_steps(engine: Any, steps: int) -> float:
@@ -67,6 +93,70 @@ def time_steps(engine: Any, steps: int) -> float:
     for _ in range(steps):
         engine.step()
     return (time.perf_counter() - t0) / steps
+
+
+BREAKDOWN_PARTS = ("layers' quantized matmuls", "LM head", "attention kernel", "rest of forward",
+                   "sampling", "engine outside the model")
+
+
+def step_breakdown(engine: Any, steps: int) -> dict[str, float]:
+    """Seconds per step of each of BREAKDOWN_PARTS over `steps` steps, timed around the calls that make them.
+
+    The calls are wrapped on this engine's objects (and the two kernel classes) for these steps only.
+    """
+    from vx.gpu.attention.cpu_kernels import PagedDecodeKernel
+    from vx.kernels.quant_matmul import QuantMatmulKernel
+
+    runner = _runner(engine)
+    spent = dict.fromkeys(("matmul", "head", "attention", "forward", "sampling"), 0.0)
+    in_head = [False]
+
+    def timed(key: str, fn: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return call
+
+    def matmul(self: Any, x: Any, w: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return plain_matmul(self, x, w)
+        finally:
+            if not in_head[0]:
+                spent["matmul"] += time.perf_counter() - t0
+
+    def head(hidden: Any) -> Any:
+        in_head[0] = True
+        try:
+            return timed("head", plain_head)(hidden)
+        finally:
+            in_head[0] = False
+
+    plain_matmul, plain_attention = QuantMatmulKernel.matmul, PagedDecodeKernel.__call__
+    plain_head = runner.model.compute_logits
+    QuantMatmulKernel.matmul = matmul
+    PagedDecodeKernel.__call__ = timed("attention", plain_attention)
+    runner.model.compute_logits = head
+    runner._forward = timed("forward", runner._forward)
+    runner._sample = timed("sampling", runner._sample)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        total = time.perf_counter() - t0
+    finally:
+        QuantMatmulKernel.matmul, PagedDecodeKernel.__call__ = plain_matmul, plain_attention
+        for name in ("compute_logits",):
+            runner.model.__dict__.pop(name, None)
+        for name in ("_forward", "_sample"):
+            runner.__dict__.pop(name, None)
+    parts = [spent["matmul"], spent["head"], spent["attention"],
+             spent["forward"] - spent["matmul"] - spent["attention"], spent["sampling"],
+             total - spent["forward"] - spent["head"] - spent["sampling"]]
+    return {name: value / steps for name, value in zip(BREAKDOWN_PARTS, parts)}
 
 
 def profile_steps(engine: Any) -> str:
@@ -90,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backends", default="torch,cpu", help="attention backends to compare, the first is the base")
     ap.add_argument("--kv-cache-dtypes", default="auto",
                     help="KV-cache dtypes to compare (auto, fp8_e4m3, int8), the first is the base")
+    ap.add_argument("--modes", default="eager", help="eager and/or compiled (decode graphs), e.g. eager,compiled")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="print where each variant's step goes (matmuls, LM head, attention, rest, sampling, engine)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
     args = ap.parse_args(argv)
     quiet_logs()
@@ -97,8 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = resolve_bench_model(args.model)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     kv_dtypes = [k.strip() for k in args.kv_cache_dtypes.split(",") if k.strip()]
-    variants = [(b, k) for b in backends for k in kv_dtypes]
-    names = {v: v[0] if len(kv_dtypes) == 1 else f"{v[0]}, kv {v[1]}" for v in variants}
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not set(modes) <= {"eager", "compiled"}:
+        ap.error(f"--modes: eager and/or compiled, got {args.modes!r}")
+    variants = [(b, k, m) for b in backends for k in kv_dtypes for m in modes]
+    names = {v: ", ".join([v[0]] + ([f"kv {v[1]}"] if len(kv_dtypes) > 1 else []) + ([v[2]] if len(modes) > 1 else []))
+             for v in variants}
     engines = {v: start_engine(model_dir, *v, args) for v in variants}
     try:
         rounds: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
@@ -106,10 +203,11 @@ def main(argv: list[str] | None = None) -> None:
             # Each round starts one variant later: none always runs first (or right after the same neighbour).
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
                 rounds[v].append(time_steps(engines[v], args.steps))
+        breakdowns = {v: step_breakdown(engines[v], _BREAKDOWN_STEPS) for v in variants} if args.breakdown else {}
         if args.profile:
             for v in variants:
                 print(f"#### torch.profiler, {names[v]}\n\n```\n{profile_steps(engines[v])}```\n", flush=True)
-        kv_bytes = {v: engines[v].engine_core.engine_core.executor.worker.model_runner.kv_cache_bytes_per_block()
+        kv_bytes = {v: _runner(engines[v]).kv_cache_bytes_per_block()
                     // engines[v].config.cache_config.block_size for v in variants}
     finally:
         for engine in engines.values():
@@ -126,6 +224,15 @@ def main(argv: list[str] | None = None) -> None:
                        "the rounds' min-max; the variants take turns within each round, one engine each, in this "
                        "process; 'vs' > 1x is faster than the base")
     table.print()
+    if breakdowns:
+        parts = Table(f"Where a step goes (ms per step, mean of {_BREAKDOWN_STEPS} steps)",
+                      ["part"] + [names[v] for v in variants])
+        for part in BREAKDOWN_PARTS:
+            parts.add(part, *[breakdowns[v][part] * 1000 for v in variants])
+        parts.add("total", *[sum(breakdowns[v].values()) * 1000 for v in variants])
+        parts.notes.append("rest of forward: the model's other ops (norms, rotary, KV writes, activations, float "
+                           "matmuls) and their Python; in a compiled graph, everything but vx's kernels")
+        parts.print()
 
 
 if __name__ == "__main__":

@@ -112,6 +112,18 @@ def test_decode_step(micro_model, capsys):
     assert "Decode step" in out and "| cpu " in out and "| torch " in out and "torch.profiler" in out
 
 
+@pytest.mark.slow
+def test_decode_step_compiled_with_breakdown(micro_model, capsys):
+    get_main("decode_step")(["--model", micro_model, "--batch", "2", "--context", "12", "--steps", "2",
+                             "--repeats", "1", "--backends", "cpu", "--modes", "eager,compiled", "--breakdown"])
+    out = capsys.readouterr().out
+    assert "| cpu, eager " in out and "| cpu, compiled " in out
+    table = out.partition("### Where a step goes")[2]
+    for part in ("layers' quantized matmuls", "LM head", "attention kernel", "rest of forward", "sampling",
+                 "engine outside the model", "total"):
+        assert f"| {part} " in table
+
+
 def test_quant_matmul(capsys):
     get_main("quant_matmul")(["--shapes", "o", "--batches", "1,3", "--rounds", "1", "--pass-s", "0.001",
                               "--cold-mib", "1", "--group-size", "64"])
