@@ -22,10 +22,15 @@ WIDTHS = [None, 16, 32, 64]  # the CPU's own, then SSE/NEON-sized, AVX2-sized an
 @pytest.mark.parametrize("vector_bytes", WIDTHS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n,k,group", [(33, 64, 32), (40, 96, 16), (7, 48, 3), (17, 600, 40), (50, 320, 320)])
-def test_every_path_matches_the_float_weight(vector_bytes, bits, n, k, group):
+@pytest.mark.parametrize("half_scales", [False, True])
+def test_every_path_matches_the_float_weight(vector_bytes, bits, n, k, group, half_scales):
+    """Scales and zeros that are float16 values are packed in float16 (others stay float32), same products."""
     kernel = load_quant_matmul_kernel(vector_bytes)
     q, scale, zero = random_groupwise(n, k, group, bits, seed=n * k + bits)
+    if half_scales:
+        scale, zero = scale.half().float(), zero.half().float()
     packed = kernel.pack(q, scale, zero, group, bits)
+    assert packed.sz.dtype == (torch.float16 if half_scales else torch.float32)
     w = dequantize(q, scale, zero, group)
     gen = torch.Generator().manual_seed(k)
     for m in (1, 2, 3, 4, 5, 8, 9, 13, 25):  # few rows, then tiles of 6 (12 wide) and every tail

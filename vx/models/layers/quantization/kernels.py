@@ -5,8 +5,9 @@ input features: w[n, k] = q[n, k] * scale[n, k // G] + zero[n, k // G], q in 0..
 and GPTQ are exactly this. `Int8Groupwise` is the same with q in -128..127: GGUF Q8_0, Q5_0, Q5_1 and Q5_K (groups
 of 32) and Q6_K (groups of 16) are exactly this. `Int8PerChannel` is w[n, k] = q[n, k] * scale[n]. All are packed
 once at load, for the kernel chosen then (`.kernel` names it), and none ever makes a float copy of its weight.
-The C kernel keeps scales and zeros in float32 whatever dtype they come in, so a caller may pass float32 ones to
-bf16 activations: rounding GGUF's fp16 scales to bf16 doubles the error of a bf16 product (measured: 3e-3 -> 6e-3).
+The C kernel keeps scales and zeros in float32 whatever dtype they come in (in float16 when every one of them is a
+float16 value, which changes none), so a caller may pass float32 ones to bf16 activations: rounding GGUF's fp16
+scales to bf16 doubles the error of a bf16 product (measured: 3e-3 -> 6e-3).
 
 Kernels, chosen by measurement (`vx bench quant_matmul`; figures in docs/performance.md):
 - CPU: vx's C kernel (`vx.kernels.quant_matmul`) for all three layouts and every activation dtype: with float32
