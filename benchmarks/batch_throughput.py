@@ -179,6 +179,17 @@ def _engines(ns: argparse.Namespace, gguf: str | None) -> tuple[list[str], list[
     return names, skipped
 
 
+def kv_bytes_per_token(model_dir: str, dtype: str) -> int:
+    """Bytes of one token's keys and values over all layers, in a KV cache of the model's `dtype` (vx's default
+    `kv_cache_dtype="auto"`)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return cfg.num_hidden_layers * 2 * kv_heads * head_dim * {"float32": 4}.get(dtype, 2)
+
+
 def _load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -290,10 +301,13 @@ def main(argv: list[str] | None = None) -> None:
                 quant = runs_[0]["quantization"]
                 what = f"{runs_[0]['dtype']} / {weights + ' kept quantized' if gguf else quant or 'float weights'}"
                 above = statistics.median(r["rss_bytes"] - bare for r in runs_) / MIB
+                live = min(n, runs_[0]["max_num_seqs"]) * (ns.prompt_tokens + ns.new_tokens)
+                kv = live * kv_bytes_per_token(model_dir, runs_[0]["dtype"]) / MIB
                 vx_notes.append(f"vx, N={n}: max_num_seqs {runs_[0]['max_num_seqs']}, max_num_batched_tokens "
                                 f"{runs_[0]['max_num_batched_tokens']}, {runs_[0]['steps']} steps, "
                                 f"{runs_[0]['preemptions']} preemptions; its process holds {above:.0f} MiB above a "
-                                f"bare torch process.")
+                                f"bare torch process, of which the KV cache of the sequences running at once takes "
+                                f"~{kv:.0f} MiB ({live:,} tokens).")
                 if any(r["cached_tokens"] for r in runs_):
                     vx_notes.append(f"WARNING: vx's prefix cache served part of a measured prompt at N={n}.")
             elif engine == "hf":
