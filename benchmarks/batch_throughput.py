@@ -301,13 +301,16 @@ def main(argv: list[str] | None = None) -> None:
                 quant = runs_[0]["quantization"]
                 what = f"{runs_[0]['dtype']} / {weights + ' kept quantized' if gguf else quant or 'float weights'}"
                 above = statistics.median(r["rss_bytes"] - bare for r in runs_) / MIB
-                live = min(n, runs_[0]["max_num_seqs"]) * (ns.prompt_tokens + ns.new_tokens)
-                kv = live * kv_bytes_per_token(model_dir, runs_[0]["dtype"]) / MIB
+                # The block pool hands out never-used blocks before freed ones (its free queue is LRU, for the
+                # prefix cache), so every token the warm-up and the run wrote still has its own resident page.
+                written = n * (2 * ns.prompt_tokens + WARMUP_TOKENS + ns.new_tokens)
+                kv = written * kv_bytes_per_token(model_dir, runs_[0]["dtype"]) / MIB
                 vx_notes.append(f"vx, N={n}: max_num_seqs {runs_[0]['max_num_seqs']}, max_num_batched_tokens "
                                 f"{runs_[0]['max_num_batched_tokens']}, {runs_[0]['steps']} steps, "
                                 f"{runs_[0]['preemptions']} preemptions; its process holds {above:.0f} MiB above a "
-                                f"bare torch process, of which the KV cache of the sequences running at once takes "
-                                f"~{kv:.0f} MiB ({live:,} tokens).")
+                                f"bare torch process, of which ~{kv:.0f} MiB are the KV cache blocks that the warm-up "
+                                f"and the run wrote ({written:,} tokens; the block pool hands out unused blocks "
+                                "before freed ones, so all stay resident).")
                 if any(r["cached_tokens"] for r in runs_):
                     vx_notes.append(f"WARNING: vx's prefix cache served part of a measured prompt at N={n}.")
             elif engine == "hf":
