@@ -27,6 +27,8 @@ BENCHMARKS: dict[str, str] = {
     "quantization": "per weight format: bytes, load time, RSS, batch-1 and batched tokens/s; float path and llama.cpp",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",
     "gguf_memory": "engine RSS of a GGUF model run natively vs the same model expanded to float32 (default model)",
+    "batch_throughput": "equal-length batches (32 and 128 requests x 128 tokens): vx vs HF generate's best padded "
+                        "batch and llama.cpp with parallel slots; vx's engine RSS",
     "latency": "batch-1 time to first token (512-token prompt) and decode tokens/s, vx vs llama.cpp and HF generate",
 }
 

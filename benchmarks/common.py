@@ -101,6 +101,20 @@ def resolve_bench_model(spec: str | None) -> str:
     return path
 
 
+def resolve_gguf_or_dir(spec: str | None) -> tuple[str | None, str]:
+    """The GGUF file (None for a Hugging Face directory) and the model directory (config, tokenizer) of `spec`:
+    None or ``default`` (the default model's GGUF file), a ``.gguf`` path, or what `resolve_bench_model` takes."""
+    from vx.model_source import default_model_file, ensure_gguf_config
+
+    if spec in (None, "default"):
+        gguf = default_model_file()
+    elif spec.endswith(".gguf"):
+        gguf = os.path.abspath(os.path.expanduser(spec))
+    else:
+        return None, resolve_bench_model(spec)
+    return gguf, ensure_gguf_config(gguf)
+
+
 def load_hf_causal_lm(model_dir: str, dtype: str) -> Any:
     """Hugging Face's model for a vx model directory: from the GGUF file it points at (transformers dequantizes
     it), or from the directory's own weights."""

@@ -40,8 +40,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (MODEL_CHOICES, Table, interleaved_rounds, machine_description, make_workload, median_spread,
-                               model_label, prompt_token_range, quiet_logs, ratio, resolve_bench_model,
-                               resolve_device, rss_bytes, run_child, set_threads)
+                               model_label, prompt_token_range, quiet_logs, ratio, resolve_device,
+                               resolve_gguf_or_dir, rss_bytes, run_child, set_threads)
 
 ENGINES = ("vx", "llama.cpp", "hf")
 WARMUP_TOKENS = 4
@@ -186,20 +186,6 @@ def gguf_weight_types(path: str) -> str:
     return " + ".join(f"{name} {100 * n / total:.0f}%" for name, n in elements.most_common())
 
 
-def _resolve(ns: argparse.Namespace) -> tuple[str | None, str]:
-    """The GGUF file (None for a Hugging Face directory) and the model directory (config, tokenizer)."""
-    from vx.model_source import default_model_file, ensure_gguf_config
-
-    spec = ns.gguf or ns.model
-    if spec in (None, "default"):
-        gguf = default_model_file()
-    elif spec.endswith(".gguf"):
-        gguf = os.path.abspath(os.path.expanduser(spec))
-    else:
-        return None, resolve_bench_model(spec)
-    return gguf, ensure_gguf_config(gguf)
-
-
 def _engines(ns: argparse.Namespace, gguf: str | None) -> tuple[list[str], list[str]]:
     """The engines to run (hf once per dtype, as hf-<dtype>) and the notes on those skipped."""
     from vx.platform import cpu_has_native_bf16
@@ -251,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     if ns.rounds < 1 or ns.decode_tokens < 1 or not 1 <= ns.decode_prompt_tokens <= ns.prompt_tokens:
         ap.error("need rounds >= 1, decode tokens >= 1 and 1 <= decode prompt tokens <= prompt tokens")
     quiet_logs()
-    gguf, model_dir = _resolve(ns)
+    gguf, model_dir = resolve_gguf_or_dir(ns.gguf or ns.model)
     engines, skipped = _engines(ns, gguf)
     for note in skipped:
         print(note, flush=True)

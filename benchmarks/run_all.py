@@ -39,6 +39,8 @@ QUICK: list[tuple[str, list[str]]] = [
     ("async_overhead", ["--num-requests", "8", "--sequential", "2", "--output-len", "16"]),
     ("startup", ["--runs", "1"]),
     ("latency", ["--rounds", "1", "--prompt-tokens", "128", "--decode-tokens", "16"]),
+    ("batch_throughput", ["--num-requests", "8", "--new-tokens", "16", "--rounds", "1", "--hf-batch-sizes", "4,8",
+                          "--hf-probe-tokens", "4"]),
 ]
 FULL: list[tuple[str, list[str]]] = [
     ("engine_overhead", ["--steps", "64"]),
@@ -54,6 +56,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("async_overhead", []),
     ("startup", ["--runs", "3"]),
     ("latency", []),
+    ("batch_throughput", []),
     ("hf_quantization", []),
 ]
 MODEL_FREE = {"engine_overhead", "quant_matmul"}

@@ -205,3 +205,19 @@ def test_latency(tiny_gguf, capsys):
     else:
         assert "llama.cpp" in rows
     assert "Machine:" in out and "TTFT 16 ms" in out
+
+
+def test_batch_throughput(tiny_gguf, capsys):
+    import importlib.util
+
+    get_main("batch_throughput")(["--gguf", tiny_gguf("Q8_0").gguf_path, "--num-requests", "2,3", "--rounds", "1",
+                                  "--prompt-tokens", "4", "--new-tokens", "3", "--hf-batch-sizes", "1,2,4",
+                                  "--hf-probe-tokens", "2", "--threads", "1"])
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in out.splitlines() if r.startswith("| ") and "---" not in r]
+    engines = {(r[0], r[1]) for r in rows[1:]}
+    want = {"vx", "hf"} | ({"llama.cpp"} if importlib.util.find_spec("llama_cpp") else set())
+    assert engines == {(n, e) for n in ("2", "3") for e in want} and "failed" not in out
+    assert all(r[-1] == "1.00x" for r in rows[1:] if r[1] == "vx")  # vx is its own reference
+    assert "HF batch size: the fastest in a probe" in out and "batches of " in out
+    assert "above a bare torch process" in out and "Machine:" in out
