@@ -27,5 +27,6 @@ def test_the_ready_line_reports_the_kv_cache_size_and_why(tiny_model_dir, caplog
         assert f": KV cache {mib:,.1f} MiB: {size.num_blocks} KV blocks of 4 tokens " \
                f"({(size.num_blocks - 1) * 4} tokens), " in line
         assert why in line
+        assert line.startswith("vx engine ready in ") and f"s ({config.device_config.cpu_threads} CPU threads): " in line
     finally:
         core.shutdown()

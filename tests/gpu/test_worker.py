@@ -61,6 +61,19 @@ def test_the_cpu_default_budget_is_bounded(tiny_model_dir):
     assert 0 < size.num_bytes <= 4 * 1024**3
 
 
+def test_the_worker_runs_torch_on_the_configured_cpu_threads(tiny_model_dir):
+    before = torch.get_num_threads()
+    config = EngineArgs(model=tiny_model_dir, dtype="float32", device="cpu", max_model_len=64, block_size=BS,
+                        max_num_seqs=2).create_config()
+    assert config.device_config.cpu_threads >= 1
+    config.device_config.cpu_threads = 1 if before != 1 else 2
+    try:
+        Worker(config).init_device()
+        assert torch.get_num_threads() == config.device_config.cpu_threads
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_step_runs_through_the_worker_and_seeds_torch(tiny_model_dir):
     worker = make_worker(tiny_model_dir, num_kv_blocks=40, seed=7)
     assert torch.initial_seed() == 7

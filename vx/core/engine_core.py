@@ -68,7 +68,9 @@ class EngineCore:
                                    self.structured_output_manager, max_model_len=config.model_config.max_model_len)
         self.num_kv_blocks = num_blocks
         self.kv_cache_size = kv_size
-        logger.info("vx engine ready in %.2fs: %s", time.perf_counter() - t0, kv_size.describe())
+        threads = config.device_config.cpu_threads
+        logger.info("vx engine ready in %.2fs%s: %s", time.perf_counter() - t0,
+                    f" ({threads} CPU threads)" if threads else "", kv_size.describe())
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; `ValueError` (nothing queued) for a duplicate live id or one that does not fit the model

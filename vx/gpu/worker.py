@@ -27,6 +27,10 @@ class Worker:
         torch.manual_seed(self.config.model_config.seed)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        threads = self.config.device_config.cpu_threads
+        if self.device.type == "cpu" and threads and torch.get_num_threads() != threads:
+            # Before the model loads: the C kernels' OpenMP loops take torch's count at each call.
+            torch.set_num_threads(threads)
         self.model_runner = ModelRunner(self.config, self.device)
 
     def load_model(self) -> None:
