@@ -372,10 +372,12 @@ def default_cpu_max_num_seqs(cores: int) -> int:
     A decode step reads every weight once whatever its batch, while its arithmetic grows with the batch: tokens/s
     grows with the batch until the step waits for the cores' arithmetic rather than the weights' bytes, and that
     batch grows with the cores. Measured on 2 cores (AMD EPYC, AVX2, no AVX-512; the default model's Q4_1 GGUF,
-    float32; a shared machine, load 3-4), `python -m benchmarks.decode_step --backends auto --batch
-    1,4,8,16,32,64,128 --context 128 --steps 4 --repeats 3`: 16.9, 51.6, 89.0, 107, 126, 146 and 146 tok/s, flat
-    from batch 64 (437 ms a step), i.e. 32 a core. A larger cap buys no throughput and makes every step, and so
-    every stream's next token, slower.
+    float32; a shared machine, load 2-4), decode tokens/s at context ~128:
+    `python -m benchmarks.decode_step --backends auto --modes compiled --batch 16,32,64,128 --context 128 --steps 4
+    --repeats 5`: 157, 186, 213 and 218 tok/s at batch 16, 32, 64 and 128 (0.10, 0.17, 0.30, 0.59 s a step);
+    eager steps (`--modes eager --batch 1,4,8,16,32,64,128 --repeats 3`): 16.9, 51.6, 89.0, 107, 126, 146 and 146.
+    Flat from batch 64, i.e. 32 a core: a larger cap buys no throughput and makes every step, and so every
+    stream's next token, slower.
     """
     return max(1, min(256, CPU_SEQS_PER_CORE * cores))
 
