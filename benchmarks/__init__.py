@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, str] = {
     "quant_matmul": "weight-only int4/int8 matmuls (torch's ops, torchao, vx's C kernel) vs float F.linear",
     "decode_step": "one pure-decode step of a batch per attention backend (torch gather + SDPA vs the C kernel) and "
                    "KV-cache dtype",
+    "prefill_chunk": "prompt tokens/s and step time per token budget (max_num_batched_tokens)",
     "kv_cache_dtype": "accuracy per byte of the 8-bit KV caches (fp8_e4m3, int8) beside the float cache",
     "engine_overhead": "scheduler + KV cache manager + input building time per request per step, no model",
     "prefix_caching": "time to first token of requests sharing a long prefix, prefix caching on vs off",

@@ -4,9 +4,11 @@
     python -m benchmarks.decode_step --batch 32 --context 512 --backends torch,cpu --profile
     python -m benchmarks.decode_step --backends cpu --kv-cache-dtypes auto,fp8_e4m3,int8
     python -m benchmarks.decode_step --batch 1 --backends cpu --modes eager,compiled --breakdown
+    python -m benchmarks.decode_step --backends auto --batch 1,8,16,32,64   # where tokens/s stops growing
 
 `--batch` requests with random `--context`-token prompts are prefilled, then decode steps are timed for each
-variant (each backend in `--backends` with each dtype in `--kv-cache-dtypes`): `torch` gathers each context out of
+variant (each backend in `--backends` with each dtype in `--kv-cache-dtypes`, each mode in `--modes` and each batch
+size in `--batch`): `torch` gathers each context out of
 the paged cache before SDPA, `cpu` reads it in place with vx's C kernel; `fp8_e4m3` / `int8` store the cache in 8
 bits (decoded as it is read). Same model, same batch, one engine per variant, all alive at once in this process: the
 variants take turns, `--steps` timed steps each per round (after 3 warm-up steps), for `--repeats` rounds, so that a
@@ -29,12 +31,14 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import Table, add_model_args, model_label, quiet_logs, ratio, resolve_bench_model, set_threads
+from benchmarks.common import (Table, add_model_args, model_label, parse_int_list, quiet_logs, ratio, resolve_bench_model,
+                               set_threads)
 
 
-def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, args: argparse.Namespace) -> Any:
-    """An LLMEngine with the batch prefilled and 3 decode steps done, ready to time; in `compiled` mode, with the
-    decode graph of the batch's size compiled."""
+def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, batch: int,
+                 args: argparse.Namespace) -> Any:
+    """An LLMEngine with `batch` requests prefilled and 3 decode steps done, ready to time; in `compiled` mode, with
+    the decode graph of the batch's size compiled."""
     import vx
     from vx.client.llm_engine import LLMEngine
     from vx.config import EngineArgs
@@ -44,10 +48,10 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, a
     try:
         engine = LLMEngine.from_engine_args(EngineArgs(
             model=model_dir, dtype=args.dtype, device=args.device, attention_backend=backend,
-            kv_cache_dtype=kv_cache_dtype, max_num_seqs=args.batch,
+            kv_cache_dtype=kv_cache_dtype, max_num_seqs=batch,
             max_num_batched_tokens=max(2048, args.context + 1),
             max_model_len=args.context + args.repeats * args.steps + 32 + _BREAKDOWN_STEPS,
-            num_kv_blocks=_blocks_needed(args), enforce_eager=mode == "eager"))
+            num_kv_blocks=_blocks_needed(batch, args), enforce_eager=mode == "eager"))
     finally:
         if saved is None:
             os.environ.pop("VX_DECODE_COMPILE")
@@ -63,10 +67,10 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, a
     vocab = engine.config.model_config.vocab_size
     params = vx.SamplingParams(max_tokens=args.repeats * args.steps + 10 + _BREAKDOWN_STEPS, ignore_eos=True,
                                temperature=0.0)
-    for i in range(args.batch):
+    for i in range(batch):
         engine.add_request(str(i), [rng.randrange(1, vocab) for _ in range(args.context)], params)
     scheduler = engine.engine_core.engine_core.scheduler
-    while len(scheduler.running) < args.batch or any(
+    while len(scheduler.running) < batch or any(
             r.num_computed_tokens < r.num_prompt_tokens for r in scheduler.running):
         engine.step()
     for _ in range(3):
@@ -81,10 +85,10 @@ def _runner(engine: Any) -> Any:
     return engine.engine_core.engine_core.executor.worker.model_runner
 
 
-def _blocks_needed(args: argparse.Namespace) -> int:
+def _blocks_needed(batch: int, args: argparse.Namespace) -> int:
     """Every request's whole context (blocks of 16 tokens, the default), and the null block: the same cache size in
-    blocks for every variant."""
-    return args.batch * -(-(args.context + args.repeats * args.steps + 32 + _BREAKDOWN_STEPS) // 16) + 1
+    blocks for every variant of one batch size."""
+    return batch * -(-(args.context + args.repeats * args.steps + 32 + _BREAKDOWN_STEPS) // 16) + 1
 
 
 def time_steps(engine: Any, steps: int) -> float:
@@ -173,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="vx bench decode_step", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(ap)
-    ap.add_argument("--batch", type=int, default=64, help="decoding requests")
+    ap.add_argument("--batch", type=parse_int_list, default=[64],
+                    help="decoding requests; several (1,8,64) time each batch size as a variant")
     ap.add_argument("--context", type=int, default=300, help="prompt tokens of each request")
     ap.add_argument("--steps", type=int, default=10, help="timed decode steps per variant and round")
     ap.add_argument("--repeats", type=int, default=3, help="rounds: the variants take turns, --steps each")
@@ -193,12 +198,12 @@ def main(argv: list[str] | None = None) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not set(modes) <= {"eager", "compiled"}:
         ap.error(f"--modes: eager and/or compiled, got {args.modes!r}")
-    variants = [(b, k, m) for b in backends for k in kv_dtypes for m in modes]
-    names = {v: ", ".join([v[0]] + ([f"kv {v[1]}"] if len(kv_dtypes) > 1 else []) + ([v[2]] if len(modes) > 1 else []))
-             for v in variants}
+    variants = [(b, k, m, n) for b in backends for k in kv_dtypes for m in modes for n in args.batch]
+    names = {v: ", ".join([v[0]] + ([f"kv {v[1]}"] if len(kv_dtypes) > 1 else []) + ([v[2]] if len(modes) > 1 else [])
+                          + ([f"batch {v[3]}"] if len(args.batch) > 1 else [])) for v in variants}
     engines = {v: start_engine(model_dir, *v, args) for v in variants}
     try:
-        rounds: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+        rounds: dict[tuple[str, str, str, int], list[float]] = {v: [] for v in variants}
         for r in range(args.repeats):
             # Each round starts one variant later: none always runs first (or right after the same neighbour).
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:
@@ -213,16 +218,18 @@ def main(argv: list[str] | None = None) -> None:
         for engine in engines.values():
             engine.shutdown()
     base = statistics.median(rounds[variants[0]])
-    table = Table(f"Decode step: {model_label(args.model, model_dir)}, {args.dtype}, batch {args.batch}, "
+    batches = ",".join(map(str, args.batch))
+    table = Table(f"Decode step: {model_label(args.model, model_dir)}, {args.dtype}, batch {batches}, "
                   f"context ~{args.context}",
                   ["variant", "ms per step", "spread (ms)", "tok/s", "KV bytes/token", f"vs {names[variants[0]]}"])
     for v in variants:
         med = statistics.median(rounds[v])
+        # tokens/s against the base's: the same as its step time against this one's when the batches are equal.
         table.add(names[v], med * 1000, f"{min(rounds[v]) * 1000:.1f}-{max(rounds[v]) * 1000:.1f}",
-                  args.batch / med, kv_bytes[v], ratio(base, med))
+                  v[3] / med, kv_bytes[v], ratio(v[3] / med, variants[0][3] / base))
     table.notes.append(f"median over {args.repeats} rounds of {args.steps} steps (after 3 warm-up steps); spread: "
                        "the rounds' min-max; the variants take turns within each round, one engine each, in this "
-                       "process; 'vs' > 1x is faster than the base")
+                       "process; 'vs': tokens/s against the base's (> 1x: faster)")
     table.print()
     if breakdowns:
         parts = Table(f"Where a step goes (ms per step, mean of {_BREAKDOWN_STEPS} steps)",

@@ -16,7 +16,8 @@ import msgspec
 import msgspec.inspect
 import pytest
 
-from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, default_grammar_compile_workers,
+from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, default_cpu_max_num_batched_tokens,
+                       default_cpu_max_num_seqs, default_grammar_compile_workers,
                        encode_config, hf_head_dim, hf_num_kv_heads, read_json)
 from vx.hf_config import HFConfig, resolve_hf_config
 
@@ -76,6 +77,33 @@ def test_defaults(tiny_model_dir):
                                                                                           10.0)
     # At least two compiles run at once, so that one slow compile never holds up the others.
     assert so.compile_workers == default_grammar_compile_workers() >= 2
+
+
+@pytest.mark.parametrize("cores, seqs, tokens", [(1, 32, 256), (2, 64, 512), (4, 128, 1024), (16, 256, 4096),
+                                                 (64, 256, 8192)])
+def test_cpu_scheduler_defaults_scale_with_the_cores(tiny_model_dir, monkeypatch, cores, seqs, tokens):
+    from vx import platform
+
+    monkeypatch.setattr(platform, "cpu_threads", lambda: cores)
+    config = EngineArgs(model=tiny_model_dir, device="cpu").create_config(light=True)
+    assert config.device_config.cpu_threads == cores
+    sc = config.scheduler_config
+    assert (sc.max_num_seqs, sc.max_num_batched_tokens) == (seqs, tokens)
+    assert (default_cpu_max_num_seqs(cores), default_cpu_max_num_batched_tokens(cores)) == (seqs, tokens)
+    explicit = EngineArgs(model=tiny_model_dir, device="cpu", max_num_seqs=5,
+                          max_num_batched_tokens=70).create_config(light=True).scheduler_config
+    assert (explicit.max_num_seqs, explicit.max_num_batched_tokens) == (5, 70)
+
+
+def test_cpu_threads_default_to_the_available_cores(tiny_model_dir, monkeypatch):
+    from vx import platform
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    config = EngineArgs(model=tiny_model_dir, device="cpu").create_config(light=True)
+    assert config.device_config.cpu_threads == platform.available_cpu_cores()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    config = EngineArgs(model=tiny_model_dir, device="cpu").create_config(light=True)
+    assert config.device_config.cpu_threads == 1 and config.scheduler_config.max_num_seqs == 32
 
 
 # ------------------------------------------------------------------------------- the config the engine receives

@@ -55,3 +55,47 @@ def test_passive_openmp_wait_only_before_torch(monkeypatch):
 def test_cpu_flags_are_words():
     flags = platform.cpu_flags()
     assert isinstance(flags, tuple) and all(f and " " not in f for f in flags)
+
+
+def _fake_topology(root, siblings: dict[int, str], package: str = "0") -> str:
+    """A /sys/devices/system/cpu with `cpuN/topology/core_cpus_list` for each CPU: `siblings[N]`."""
+    for cpu, group in siblings.items():
+        topology = root / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "core_cpus_list").write_text(group + "\n")
+        (topology / "physical_package_id").write_text(package + "\n")
+    return str(root)
+
+
+def test_available_cpu_cores_counts_hyperthread_siblings_once(tmp_path):
+    # 4 CPUs on 2 cores: 0 and 2 share a core, 1 and 3 the other (Linux numbers siblings this way).
+    sys_dir = _fake_topology(tmp_path / "cpu", {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"})
+    no_quota = str(tmp_path / "no-cpu.max")
+    assert platform.available_cpu_cores({0, 1, 2, 3}, sys_dir, no_quota) == 2
+    assert platform.available_cpu_cores({0, 2}, sys_dir, no_quota) == 1  # the affinity mask: one core's two threads
+    assert platform.available_cpu_cores({0, 1}, sys_dir, no_quota) == 2
+    # No topology for these CPUs: each counts.
+    assert platform.available_cpu_cores({5, 6, 7}, sys_dir, no_quota) == 3
+
+
+def test_available_cpu_cores_respects_the_cgroup_quota(tmp_path):
+    sys_dir = _fake_topology(tmp_path / "cpu", {i: str(i) for i in range(8)})
+    quota = tmp_path / "cpu.max"
+    quota.write_text("max 100000\n")
+    assert platform.available_cpu_cores(range(8), sys_dir, str(quota)) == 8
+    quota.write_text("150000 100000\n")  # 1.5 CPUs of time: 2 threads
+    assert platform.available_cpu_cores(range(8), sys_dir, str(quota)) == 2
+    quota.write_text("50000 100000\n")
+    assert platform.available_cpu_cores(range(8), sys_dir, str(quota)) == 1
+
+
+def test_available_cpu_cores_here_is_within_the_affinity_mask():
+    assert 1 <= platform.available_cpu_cores() <= len(os.sched_getaffinity(0))
+
+
+def test_cpu_threads_takes_omp_num_threads_first(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert platform.cpu_threads() == 3
+    for unusable in ("", "0", "two"):
+        monkeypatch.setenv("OMP_NUM_THREADS", unusable)
+        assert platform.cpu_threads() == platform.available_cpu_cores()

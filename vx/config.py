@@ -97,6 +97,9 @@ class DeviceConfig(msgspec.Struct, kw_only=True):
     device: str = "cpu"  # resolved: cpu | cuda
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    # torch's threads in the engine on a CPU (`platform.cpu_threads()`: OMP_NUM_THREADS, else the physical cores the
+    # process may use); 0 leaves torch's own choice (CUDA).
+    cpu_threads: int = 0
 
 
 class StructuredOutputsConfig(msgspec.Struct, kw_only=True):
@@ -225,11 +228,15 @@ class EngineArgs:
             eos_token_ids=_eos_token_ids(model_path, hf_config),
             seed=self.seed,
         )
-        max_num_seqs = self.max_num_seqs if self.max_num_seqs is not None else (64 if device == "cpu" else 256)
+        cpu_threads = platform.cpu_threads() if device == "cpu" else 0
+        if self.max_num_seqs is not None:
+            max_num_seqs = self.max_num_seqs
+        else:
+            max_num_seqs = default_cpu_max_num_seqs(cpu_threads) if device == "cpu" else 256
         if self.max_num_batched_tokens is not None:
             budget = self.max_num_batched_tokens
         else:
-            budget = 512 if device == "cpu" else 8192
+            budget = default_cpu_max_num_batched_tokens(cpu_threads) if device == "cpu" else 8192
             if not self.enable_chunked_prefill:
                 budget = max(budget, max_model_len)
         if not self.enable_chunked_prefill and budget < max_model_len:
@@ -262,7 +269,7 @@ class EngineArgs:
             max_n_sequences=self.max_n_sequences,
         )
         dev = DeviceConfig(device=device, attention_backend=self.attention_backend,
-                           enforce_eager=self.enforce_eager)
+                           enforce_eager=self.enforce_eager, cpu_threads=cpu_threads)
         structured = StructuredOutputsConfig(
             cache_memory_bytes=self.grammar_cache_memory_bytes,
             max_grammar_memory_bytes=self.max_grammar_memory_bytes,
@@ -353,6 +360,41 @@ def resolve_quantization(requested: str | None, hf_config: Any) -> str | None:
         raise ValueError(f"quantization={requested!r} was asked for, but the checkpoint is quantized with "
                          f"{method!r}; leave quantization unset to load it as it is.")
     return method
+
+
+CPU_SEQS_PER_CORE = 32
+CPU_BATCHED_TOKENS_PER_CORE = 256
+
+
+def default_cpu_max_num_seqs(cores: int) -> int:
+    """`max_num_seqs` on a CPU: 32 a core (the threads the engine runs), at most CUDA's 256.
+
+    A decode step reads every weight once whatever its batch, while its arithmetic grows with the batch: tokens/s
+    grows with the batch until the step waits for the cores' arithmetic rather than the weights' bytes, and that
+    batch grows with the cores. Measured on 2 cores (AMD EPYC, AVX2, no AVX-512; the default model's Q4_1 GGUF,
+    float32; a shared machine, load 2-4), decode tokens/s at context ~128:
+    `python -m benchmarks.decode_step --backends auto --modes compiled --batch 16,32,64,128 --context 128 --steps 4
+    --repeats 5`: 157, 186, 213 and 218 tok/s at batch 16, 32, 64 and 128 (0.10, 0.17, 0.30, 0.59 s a step);
+    eager steps (`--modes eager --batch 1,4,8,16,32,64,128 --repeats 3`): 16.9, 51.6, 89.0, 107, 126, 146 and 146.
+    Flat from batch 64, i.e. 32 a core: a larger cap buys no throughput and makes every step, and so every
+    stream's next token, slower.
+    """
+    return max(1, min(256, CPU_SEQS_PER_CORE * cores))
+
+
+def default_cpu_max_num_batched_tokens(cores: int) -> int:
+    """`max_num_batched_tokens` on a CPU: 256 a core, at most CUDA's 8192.
+
+    On a CPU the budget bounds a step's time, not its speed: a prompt is computed as fast in chunks of 128 tokens as
+    in one of 2048, while every running stream waits for the whole step before its next token. Measured on 2 cores
+    (as above; load 8 from other jobs, so the absolute figures are slow, the ratios hold), `python -m
+    benchmarks.prefill_chunk --rounds 3` (a 1024-token prompt): 168, 170, 177, 170 and 172 prompt tok/s at budgets
+    128, 256, 512, 1024 and 2048, within the rounds' spread, and 0.76, 1.5, 2.9, 6.0 and 6.0 s a step. 256 a core
+    keeps a step's work per core, and so the pause a new prompt puts into every stream, the same on any machine;
+    on 2 cores it is 512, the default before, where a step with a full prefill chunk took 0.9 s on a quiet machine
+    (`vx bench latency`: a 512-token prompt's first token).
+    """
+    return max(1, min(8192, CPU_BATCHED_TOKENS_PER_CORE * cores))
 
 
 def default_grammar_compile_workers() -> int:

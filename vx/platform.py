@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -87,6 +88,53 @@ def cpu_has_native_bf16() -> bool:
     """
     flags = cpu_flags()
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def available_cpu_cores(cpus: Iterable[int] | None = None, sys_cpu_dir: str = "/sys/devices/system/cpu",
+                        cpu_max_file: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """Physical cores this process may run on: the CPUs of its affinity mask (`cpus`), hyperthread siblings counted
+    once, and no more than its cgroup's CPU quota allows; at least 1.
+
+    torch's own default counts physical cores too (two threads of one core share its FMA units), but those of the
+    whole machine, whatever the affinity mask or a container's quota say: a process pinned to 4 CPUs of a 64-core
+    machine then runs 64 OpenMP threads on 4 CPUs, and every op waits at its barrier for the threads that wait for a
+    time slice. Siblings come from /sys's topology (`core_cpus_list`, or `thread_siblings_list` on older kernels),
+    the quota from cgroup v2's `cpu.max`; where either is missing, every CPU of the mask counts.
+    """
+    if cpus is None:
+        try:
+            cpus = os.sched_getaffinity(0)
+        except (AttributeError, OSError):  # not Linux
+            cpus = range(os.cpu_count() or 1)
+    cores: set[tuple[str, str] | int] = set()
+    for cpu in cpus:
+        topology = os.path.join(sys_cpu_dir, f"cpu{cpu}", "topology")
+        siblings = _read_first_line(os.path.join(topology, "core_cpus_list")) \
+            or _read_first_line(os.path.join(topology, "thread_siblings_list"))
+        package = _read_first_line(os.path.join(topology, "physical_package_id"))
+        cores.add((package, siblings) if siblings else cpu)
+    count = max(1, len(cores))
+    quota = _read_first_line(cpu_max_file).split()  # "max 100000" or "200000 100000": quota and period in µs
+    if len(quota) == 2 and quota[0].isdigit() and quota[1].isdigit() and int(quota[1]) > 0:
+        count = min(count, max(1, -(-int(quota[0]) // int(quota[1]))))
+    return count
+
+
+def cpu_threads() -> int:
+    """Torch's CPU threads in the engine: `OMP_NUM_THREADS` when it is set to a positive number (the user chose;
+    torch reads it too), else `available_cpu_cores()`."""
+    chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if chosen.isdigit() and int(chosen) > 0:
+        return int(chosen)
+    return available_cpu_cores()
+
+
+def _read_first_line(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
 
 
 def prefer_passive_openmp_wait() -> None:

@@ -103,6 +103,7 @@ def test_startup(micro_model, capsys):
     get_main("startup")(["--model", micro_model, "--runs", "1"])
     out = capsys.readouterr().out
     assert "first token (s)" in out and "median time to first streamed token" in out
+    assert "engine RSS after answer (MiB)" in out
 
 
 def test_decode_step(micro_model, capsys):
@@ -122,6 +123,19 @@ def test_decode_step_compiled_with_breakdown(micro_model, capsys):
     for part in ("layers' quantized matmuls", "LM head", "attention kernel", "rest of forward", "sampling",
                  "engine outside the model", "total"):
         assert f"| {part} " in table
+
+
+def test_decode_step_per_batch_size(micro_model, capsys):
+    get_main("decode_step")(["--model", micro_model, "--batch", "1,3", "--context", "12", "--steps", "1",
+                             "--repeats", "2", "--backends", "torch"])
+    out = capsys.readouterr().out
+    assert "| torch, batch 1 " in out and "| torch, batch 3 " in out and "vs torch, batch 1" in out
+
+
+def test_prefill_chunk(micro_model, capsys):
+    get_main("prefill_chunk")(["--model", micro_model, "--budgets", "8,32", "--prompt-len", "40", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert "Prefill chunk" in out and "| 8 " in out and "| 32 " in out and "ms per step" in out
 
 
 def test_quant_matmul(capsys):

@@ -39,6 +39,19 @@ def test_free_queue_basic_ops():
     assert ids(q.get_all_free_blocks()) == [4]
 
 
+def test_free_queue_appendleft_links_at_the_head():
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    q = FreeKVCacheBlockQueue(blocks[:2])
+    q.appendleft(blocks[2])
+    q.append(blocks[3])
+    assert ids(q.get_all_free_blocks()) == [2, 0, 1, 3] and q.num_free_blocks == 4
+    with pytest.raises(ValueError):
+        q.appendleft(blocks[0])
+    assert ids(q.popleft_n(4)) == [2, 0, 1, 3]
+    q.appendleft(blocks[1])  # into an empty queue
+    assert ids(q.get_all_free_blocks()) == [1] and q.fake_tail.prev_free is blocks[1]
+
+
 def test_free_queue_rejects_double_insert_and_bad_remove():
     blocks = [KVCacheBlock(i) for i in range(3)]
     q = FreeKVCacheBlockQueue(blocks)
@@ -168,3 +181,85 @@ def test_reset_prefix_cache():
     assert pool.cached_block_hash_to_block == {}
     assert all(b.block_hash is None for b in pool.blocks)
     assert pool.get_num_cached_blocks() == 0 and pool.get_num_free_blocks() == 3
+
+
+def test_freed_blocks_that_cache_nothing_are_reused_before_unused_and_cached_ones():
+    pool = BlockPool(8, enable_caching=True)
+    a = pool.get_new_blocks(3)  # 1, 2, 3
+    pool.cache_full_blocks(a, [h(0), h(1)], 0, 2)  # 1 and 2 cache a prefix, 3 (partial) nothing
+    pool.free_blocks(reversed(a))
+    # Head first: the used block that caches nothing, the never-used blocks, the cached blocks (LRU).
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 4, 5, 6, 7, 2, 1]
+    assert ids(pool.get_new_blocks(1)) == [3]
+    assert ids(pool.get_new_blocks(4)) == [4, 5, 6, 7]
+    assert pool.get_num_cached_blocks() == 2  # kept while a never-used block was left
+    evicted = pool.get_new_blocks(1)
+    assert ids(evicted) == [2] and pool.get_cached_block(h(1)) is None and pool.get_cached_block(h(0)) is a[0]
+
+
+def test_a_cached_block_outlives_a_block_freed_after_it_that_caches_nothing():
+    # First freed first reused would evict block 1 here, and lose its prefix.
+    pool = BlockPool(5, enable_caching=True)
+    a = pool.get_new_blocks(4)
+    pool.cache_full_blocks(a, [h(0)], 0, 1)
+    pool.free_blocks([a[0]])
+    pool.free_blocks([a[1]])
+    assert ids(pool.get_new_blocks(1)) == [2]
+    assert pool.get_cached_block(h(0)) is a[0]
+
+
+def test_reset_prefix_cache_puts_the_blocks_it_uncaches_ahead_of_unused_ones():
+    pool = BlockPool(6, enable_caching=True)
+    a = pool.get_new_blocks(2)
+    pool.cache_full_blocks(a, [h(0), h(1)], 0, 2)
+    pool.free_blocks(reversed(a))
+    assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 4, 5, 2, 1]
+    assert pool.reset_prefix_cache()
+    assert ids(pool.free_block_queue.get_all_free_blocks())[:2] in ([1, 2], [2, 1])
+    assert ids(pool.get_new_blocks(2)) in ([1, 2], [2, 1])
+
+
+@pytest.mark.parametrize("enable_caching", [True, False])
+def test_many_short_requests_touch_no_more_blocks_than_their_peak(enable_caching):
+    """A long run of short requests, at most 3 at once: the blocks ever handed out stay within the peak of blocks
+    in use plus cached ones, and are the lowest ids, so on a CPU the cache's resident pages stay at that peak."""
+    from vx.cache import KVCacheManager
+
+    bs = 4
+    kv = KVCacheManager(num_blocks=1000, block_size=bs, enable_caching=enable_caching)
+    pool = kv.block_pool
+    used: set[int] = set()
+    peak = 0
+    running: list = []
+    for i in range(300):
+        tokens = [i, i + 1, i + 2, 7, 7, 7, 7, 7, 9, 9][: 3 + i % 8]  # distinct prompts of 3-10 tokens
+        req = _Req(str(i), tokens)
+        blocks, hits = kv.get_computed_blocks(req)
+        assert kv.allocate_slots(req, req.num_tokens - hits, hits, blocks) is not None
+        req.num_computed_tokens = req.num_tokens
+        used.update(kv.get_block_ids(req.request_id))
+        stats = kv.stats()
+        peak = max(peak, stats.num_blocks_in_use + stats.num_blocks_cached)
+        running.append(req)
+        if len(running) == 3:
+            kv.free(running.pop(0))
+    assert used == set(range(1, len(used) + 1))
+    assert len(used) <= peak
+    if not enable_caching:
+        assert len(used) <= 3 * 3  # three requests of at most three blocks
+    else:
+        assert pool.get_num_cached_blocks() > 0
+
+
+class _Req:
+    """Minimal CacheRequest."""
+
+    def __init__(self, request_id: str, tokens: list[int]) -> None:
+        self.request_id = request_id
+        self.all_token_ids = list(tokens)
+        self.num_computed_tokens = 0
+        self.block_hashes: list[bytes] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)

@@ -61,6 +61,10 @@ class KVCacheMachine(RuleBasedStateMachine):
         # block id -> the token whose KV each slot holds, as if the model had run
         self.shadow: dict[int, list[int | None]] = {
             b.block_id: [None] * BS for b in self.kv.block_pool.blocks}
+        # Every block id ever handed out, and the peak of blocks in use + cached: the pool reuses a used block
+        # before it takes a never-used one, unless every used block is held or caches a prefix.
+        self.used: set[int] = set()
+        self.peak_held = 0
 
     # ------------------------------------------------------------------ helpers
     def _write_kv(self, req: Req, start: int, end: int) -> None:
@@ -83,6 +87,10 @@ class KVCacheMachine(RuleBasedStateMachine):
             return False
         start = req.num_computed_tokens + hits
         after = self.kv.get_blocks(req.request_id)
+        # Only an allocation raises in-use + cached (a free or a hit moves blocks between the two): its peak is here.
+        stats = self.kv.stats()
+        self.peak_held = max(self.peak_held, stats.num_blocks_in_use + stats.num_blocks_cached)
+        self.used.update(b.block_id for b in after)
         assert after[len(after) - len(new):] == new or not new
         assert len(after) == -(-(start + num_new) // BS) >= held
         if self.kv.stats().num_blocks_cached < num_cached - len(blocks or ()):
@@ -216,6 +224,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         if not self.enable_caching:
             assert not hashed
 
+        # Never-used blocks go out in id order, and only when no used block that caches nothing is free.
+        assert self.used == set(range(1, len(self.used) + 1))
+        assert len(self.used) <= self.peak_held
         s = kv.stats()
         assert s.num_blocks_total == NUM_BLOCKS - 1
         assert s.num_blocks_in_use == sum(1 for b in pool.blocks[1:] if b.ref_cnt > 0)
@@ -285,6 +296,14 @@ class FreeQueueMachine(RuleBasedStateMachine):
         self.queue.append(b)
         self.out.remove(b)
         self.model.append(b)
+
+    @precondition(lambda self: self.out)
+    @rule(data=st.data())
+    def appendleft(self, data: st.DataObject) -> None:
+        b = data.draw(st.sampled_from(self.out))
+        self.queue.appendleft(b)
+        self.out.remove(b)
+        self.model.insert(0, b)
 
     @invariant()
     def matches_model(self) -> None:

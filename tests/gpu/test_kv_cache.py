@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -72,3 +73,20 @@ def test_bind_allocates_per_layer_in_order():
 def test_bind_refuses_a_model_without_attention():
     with pytest.raises(ValueError, match="no vx Attention"):
         bind_kv_caches(nn.Linear(2, 2), TorchAttentionBackend, 1, 4, torch.float32, "cpu")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the lazily zeroed mapping is Linux's")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.int8])
+def test_a_large_cpu_cache_is_zero_and_costs_memory_only_where_written(dtype):
+    import psutil
+
+    from vx.gpu.kv_cache import _zeroed
+
+    shape = (2, 4096, 16, 4, 64)  # 32-128 MiB: within glibc's range, where torch.empty reused old heap memory
+    rss = psutil.Process().memory_info().rss
+    cache = _zeroed(shape, dtype, torch.device("cpu"))
+    assert cache.shape == shape and cache.dtype == dtype and cache.is_contiguous()
+    cache[:, :8] = 1  # the first blocks, as the block pool hands them out
+    grown = psutil.Process().memory_info().rss - rss
+    assert grown < 16 * 2**20  # not the whole tensor
+    assert cache[:, :8].float().eq(1).all() and not cache[:, 8:].float().any()

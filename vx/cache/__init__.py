@@ -1,4 +1,4 @@
-"""Paged KV-cache bookkeeping: blocks, the free list, prefix hashing, the pool, the manager.
+"""Paged KV-cache bookkeeping: blocks, the free list, prefix hashing, the pool, the manager, the cache's size.
 
 Pure Python: the KV tensors live in the GPU worker; this package only decides which block
 ids each request uses.
@@ -10,6 +10,7 @@ from vx.cache.free_block_queue import FreeBlockQueue, FreeKVCacheBlockQueue
 from vx.cache.kv_cache_block import KVCacheBlock
 from vx.cache.kv_cache_coordinator import KVCacheCoordinator, UnitaryKVCacheCoordinator
 from vx.cache.kv_cache_manager import CacheRequest, KVCacheManager, KVCacheStats
+from vx.cache.kv_cache_size import KVCacheSize, size_kv_cache
 
 __all__ = [
     "BlockHash",
@@ -20,8 +21,10 @@ __all__ = [
     "KVCacheBlock",
     "KVCacheCoordinator",
     "KVCacheManager",
+    "KVCacheSize",
     "KVCacheStats",
     "UnitaryKVCacheCoordinator",
     "hash_block_tokens",
+    "size_kv_cache",
     "update_block_hashes",
 ]

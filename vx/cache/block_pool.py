@@ -19,8 +19,20 @@ class BlockPool:
 
     A block with `ref_cnt == 0` sits in the free queue. If it also has a `block_hash` it is a
     *cached* block: a later request with the same prefix can take it back with `touch`, and
-    `get_new_blocks` evicts it (LRU, from the queue head) only when it is reused. Invariant:
+    `get_new_blocks` evicts it (LRU) only when it is reused. Invariant:
     `block.block_hash is not None` iff `cached_block_hash_to_block[block.block_hash] is block`.
+
+    The free queue is kept in three runs, head first, and `get_new_blocks` takes from the head:
+    1. freed blocks that cache nothing (a request's partial last block, a duplicate), most
+       recently freed first: their memory is resident already and nothing is lost by reusing them;
+    2. blocks never handed out yet, in id order;
+    3. cached blocks, least recently freed first: evicting one loses a prefix hit.
+    So a block never used is taken only when every used block is held or caches a prefix, and the
+    blocks ever used are always ids 1..k with k <= the peak of (in use + cached). On a CPU, where
+    the KV cache's pages become resident when first written, the engine's memory follows that
+    peak instead of cycling through the whole cache; and a cached block is evicted only when
+    neither other kind is left, which keeps prefixes cached at least as long as plain
+    first-freed-first-reused order would.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
@@ -62,7 +74,8 @@ class BlockPool:
         return self.cached_block_hash_to_block.get(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take `num_blocks` blocks from the free-queue head with ref_cnt 1, evicting cached ones.
+        """Take `num_blocks` blocks from the free-queue head with ref_cnt 1, evicting cached ones
+        only when no other free block is left.
 
         Raises ValueError if fewer are free; callers check `get_num_free_blocks()` first.
         """
@@ -91,7 +104,8 @@ class BlockPool:
             block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        """Drop a reference from each block; those reaching 0 join the free-queue tail in order.
+        """Drop a reference from each block; a cached one reaching 0 joins the free-queue tail in
+        order, one that caches nothing the head (reused first).
 
         Pass blocks in the order they should be evicted, i.e. a request's tail block first, so
         that shared prefix blocks stay cached the longest.
@@ -103,9 +117,11 @@ class BlockPool:
                 if block.ref_cnt < 0:
                     block.ref_cnt = 0
                     raise ValueError(f"{block!r} freed more often than allocated")
-                queue.append(block)
                 if block.block_hash is not None:
+                    queue.append(block)
                     self._num_cached_free += 1
+                else:
+                    queue.appendleft(block)
 
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int) -> None:
@@ -133,10 +149,14 @@ class BlockPool:
         Refusing keeps things simple: a held block keeps its hash, so a partial reset would
         have to leave some entries behind anyway.
         """
-        if self.free_block_queue.num_free_blocks != self.num_blocks - 1:
+        queue = self.free_block_queue
+        if queue.num_free_blocks != self.num_blocks - 1:
             return False
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
+            # Now caching nothing: it joins the used blocks at the head, ahead of the never-used ones.
+            queue.remove(block)
+            queue.appendleft(block)
         self.cached_block_hash_to_block.clear()
         self._num_cached_free = 0
         return True

@@ -10,11 +10,13 @@ from vx.cache.kv_cache_block import KVCacheBlock
 class FreeKVCacheBlockQueue:
     """Doubly linked list of the blocks with `ref_cnt == 0`, head = next to hand out.
 
-    Freed blocks go to the tail and new allocations come from the head, so the head is the
-    least recently freed block, i.e. the LRU eviction candidate among cached blocks. A cached
-    block that a new request hits is unlinked from wherever it sits in O(1), which is why the
-    links live on the blocks instead of in a `collections.deque`. Two sentinel blocks (id -1)
-    remove every empty-list special case; a block is in the queue iff its `prev_free` is set.
+    New allocations come from the head. The pool appends a freed cached block at the tail, so
+    among cached blocks the one nearest the head is the least recently freed, i.e. the LRU
+    eviction candidate; it puts a freed block that caches nothing at the head (`appendleft`), to
+    be reused first (see `BlockPool`). A cached block that a new request hits is unlinked from
+    wherever it sits in O(1), which is why the links live on the blocks instead of in a
+    `collections.deque`. Two sentinel blocks (id -1) remove every empty-list special case; a
+    block is in the queue iff its `prev_free` is set.
     """
 
     __slots__ = ("num_free_blocks", "fake_head", "fake_tail")
@@ -89,6 +91,18 @@ class FreeKVCacheBlockQueue:
         block.prev_free = last
         block.next_free = self.fake_tail
         self.fake_tail.prev_free = block
+        self.num_free_blocks += 1
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Link `block` at the head (the next to be handed out)."""
+        if block.prev_free is not None:
+            raise ValueError(f"{block!r} is already in the free queue")
+        first = self.fake_head.next_free
+        assert first is not None
+        self.fake_head.next_free = block
+        block.prev_free = self.fake_head
+        block.next_free = first
+        first.prev_free = block
         self.num_free_blocks += 1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:

@@ -56,7 +56,8 @@ class EngineCore:
         t0 = time.perf_counter()
         self.config = config
         self.executor = (executor_class or Executor.get_class(config))(config)
-        num_blocks = self.executor.determine_num_kv_blocks()
+        kv_size = self.executor.determine_kv_cache_size()
+        num_blocks = kv_size.num_blocks
         self.executor.initialize_kv_cache(num_blocks)
         cc = config.cache_config
         self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
@@ -66,8 +67,10 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, cc, self.kv_cache_manager,
                                    self.structured_output_manager, max_model_len=config.model_config.max_model_len)
         self.num_kv_blocks = num_blocks
-        logger.info("vx engine ready in %.2fs: %d KV blocks of %d tokens", time.perf_counter() - t0,
-                    num_blocks, cc.block_size)
+        self.kv_cache_size = kv_size
+        threads = config.device_config.cpu_threads
+        logger.info("vx engine ready in %.2fs%s: %s", time.perf_counter() - t0,
+                    f" ({threads} CPU threads)" if threads else "", kv_size.describe())
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; `ValueError` (nothing queued) for a duplicate live id or one that does not fit the model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 
+from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
 from vx.step import ModelRunnerOutput, SchedulerOutput
 
@@ -31,7 +32,7 @@ class Executor(ABC):
         return cls
 
     @abstractmethod
-    def determine_num_kv_blocks(self) -> int: ...
+    def determine_kv_cache_size(self) -> KVCacheSize: ...
 
     @abstractmethod
     def initialize_kv_cache(self, num_blocks: int) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
 from vx.executor.abstract import Executor
 from vx.step import ModelRunnerOutput, SchedulerOutput
@@ -18,8 +19,8 @@ class UniProcExecutor(Executor):
         self.worker.init_device()
         self.worker.load_model()
 
-    def determine_num_kv_blocks(self) -> int:
-        return self.worker.determine_num_kv_blocks()
+    def determine_kv_cache_size(self) -> KVCacheSize:
+        return self.worker.determine_kv_cache_size()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)

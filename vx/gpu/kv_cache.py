@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import mmap
 import sys
 from typing import Any
 
@@ -76,14 +77,18 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
 
 
 def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-filled tensor; on Linux CPUs without writing it: gigabytes of memset take seconds at start-up.
+    """A zero-filled tensor; on a Linux CPU one that costs no memory until it is written.
 
-    Allocations this large are fresh anonymous mmaps there, which the kernel fills with zeros lazily, page by
-    page, as blocks are first written; so the cache costs no time and no memory until it is used.
+    There it lives in its own anonymous private mapping, which the kernel fills with zeros lazily, page by page, as
+    blocks are first written: no seconds of memset at start-up for a large cache, and since the block pool hands
+    out the lowest block ids first and reuses them, the pages that become resident are those of the blocks in use
+    or cached at the peak, not the whole cache. (`torch.empty` gave that only above glibc's mmap threshold, up to
+    32 MiB and dynamic: a 48 MiB layer came from `torch.zeros` and was resident from the start.)
     """
-    numel = 1
-    for d in shape:
-        numel *= d
-    if device.type == "cpu" and sys.platform == "linux" and numel * dtype.itemsize >= 64 * 1024**2:
-        return torch.empty(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    if device.type == "cpu" and sys.platform == "linux" and nbytes >= 1024**2:
+        # The tensor holds a reference to the mapping, which is unmapped when the tensor goes.
+        mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)
     return torch.zeros(shape, dtype=dtype, device=device)

@@ -7,15 +7,12 @@ import logging
 import psutil
 import torch
 
+from vx.cache.kv_cache_size import KVCacheSize, cpu_kv_cap_bytes, size_kv_cache
 from vx.config import VxConfig
 from vx.gpu.model_runner import ModelRunner
 from vx.step import ModelRunnerOutput, SchedulerOutput
 
 logger = logging.getLogger(__name__)
-
-# On CPU the KV cache shares RAM with everything else: take at most this much by default.
-_CPU_DEFAULT_KV_BYTES = 4 * 1024**3
-_CPU_MAX_FRACTION = 0.25
 
 
 class Worker:
@@ -30,37 +27,32 @@ class Worker:
         torch.manual_seed(self.config.model_config.seed)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        threads = self.config.device_config.cpu_threads
+        if self.device.type == "cpu" and threads and torch.get_num_threads() != threads:
+            # Before the model loads: the C kernels' OpenMP loops take torch's count at each call.
+            torch.set_num_threads(threads)
         self.model_runner = ModelRunner(self.config, self.device)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
 
-    def determine_num_kv_blocks(self) -> int:
-        """Blocks from `num_kv_blocks`, else from the memory budget; never more than can be used."""
+    def determine_kv_cache_size(self) -> KVCacheSize:
+        """The KV cache's blocks and why (`vx.cache.kv_cache_size.size_kv_cache` holds the rule); this measures what
+        it needs: a block's bytes, and the memory the device offers when the user set no size."""
         cc = self.config.cache_config
-        sc = self.config.scheduler_config
-        max_model_len = self.config.model_config.max_model_len
-        per_block = self.model_runner.kv_cache_bytes_per_block()
-        # One spare block: block 0 is reserved as the padding block.
-        useful = sc.max_num_seqs * -(-max_model_len // cc.block_size) + 1
-        if cc.num_kv_blocks is not None:
-            return cc.num_kv_blocks
-        if cc.kv_cache_memory_bytes is not None:
-            budget = cc.kv_cache_memory_bytes
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            budget = int(total * cc.gpu_memory_utilization) - used - 512 * 1024**2
-        else:
-            budget = min(_CPU_DEFAULT_KV_BYTES, int(psutil.virtual_memory().available * _CPU_MAX_FRACTION))
-        num = min(budget // per_block, useful)
-        need = -(-max_model_len // cc.block_size) + 1
-        if num < need:
-            raise ValueError(
-                f"The KV cache budget ({budget / 2**20:.0f} MiB) holds {num} blocks, fewer than one "
-                f"sequence of max_model_len={max_model_len} needs ({need}); lower max_model_len or "
-                "raise the memory budget.")
-        return int(num)
+        budget = 0
+        if cc.num_kv_blocks is None and cc.kv_cache_memory_bytes is None:
+            if self.device.type == "cuda":
+                free, total = torch.cuda.mem_get_info(self.device)
+                budget = int(total * cc.gpu_memory_utilization) - (total - free) - 512 * 1024**2
+            else:
+                budget = cpu_kv_cap_bytes(psutil.virtual_memory().available)
+        return size_kv_cache(
+            device=self.device.type, block_size=cc.block_size,
+            bytes_per_block=self.model_runner.kv_cache_bytes_per_block(),
+            max_model_len=self.config.model_config.max_model_len,
+            max_num_seqs=self.config.scheduler_config.max_num_seqs, num_kv_blocks=cc.num_kv_blocks,
+            kv_cache_memory_bytes=cc.kv_cache_memory_bytes, device_budget_bytes=budget)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
