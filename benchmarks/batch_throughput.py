@@ -30,7 +30,6 @@ vx's ratio to each engine.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -41,9 +40,10 @@ from typing import Any, Callable
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (MODEL_CHOICES, Table, Workload, interleaved_rounds, machine_description, make_workload,
-                               median_spread, model_label, parse_int_list, prompt_token_range, quiet_logs, ratio,
-                               resolve_gguf_or_dir, rss_bytes, run_child, set_threads)
+from benchmarks.common import (MODEL_CHOICES, Table, Workload, engine_model_runner, interleaved_rounds,
+                               machine_description, make_workload, median_spread, model_label, parse_int_list,
+                               prompt_token_range, quiet_logs, ratio, resolve_gguf_or_dir, rss_bytes, run_child,
+                               select_engines, set_threads)
 
 ENGINES = ("vx", "hf", "llama.cpp")
 WARMUP_TOKENS = 4
@@ -97,7 +97,7 @@ def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
     cached = 0
     # Its decode graph for this batch compiles before timing (a served engine compiles it in the background the
     # first time such a batch runs): the run measures the steady state.
-    graphs = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner.decode_graphs
+    graphs = engine_model_runner(llm.llm_engine).decode_graphs
     compile_s = None
     if graphs is not None:
         from vx.gpu.decode_graphs import bucket_for
@@ -177,17 +177,7 @@ def _child(spec: dict[str, Any]) -> None:
 # -------------------------------------------------------------------------------------------- the parent
 def _engines(ns: argparse.Namespace, gguf: str | None) -> tuple[list[str], list[str]]:
     """The engines to run and the notes on those skipped."""
-    names = [e.strip() for e in ns.engines.split(",") if e.strip()]
-    unknown = set(names) - set(ENGINES)
-    if unknown:
-        raise SystemExit(f"unknown engine(s) {', '.join(sorted(unknown))}; choose from {', '.join(ENGINES)}")
-    skipped = []
-    if "llama.cpp" in names and importlib.util.find_spec("llama_cpp") is None:
-        skipped.append("llama.cpp skipped: llama-cpp-python is not installed (pip install 'vx[bench]')")
-    elif "llama.cpp" in names and gguf is None:
-        skipped.append("llama.cpp skipped: the model is not a GGUF file")
-    if skipped:
-        names.remove("llama.cpp")
+    names, skipped = select_engines(ns.engines, ENGINES, gguf)
     return names, skipped
 
 

@@ -288,6 +288,30 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def select_engines(spec: str, choices: Sequence[str], gguf: str | None) -> tuple[list[str], list[str]]:
+    """The engines a comma-separated `--engines` names (from `choices`), and the notes on those skipped: llama.cpp
+    when llama-cpp-python is not installed or the model is not a GGUF file."""
+    import importlib.util
+
+    names = [e.strip() for e in spec.split(",") if e.strip()]
+    unknown = set(names) - set(choices)
+    if unknown:
+        raise SystemExit(f"unknown engine(s) {', '.join(sorted(unknown))}; choose from {', '.join(choices)}")
+    skipped = []
+    if "llama.cpp" in names and importlib.util.find_spec("llama_cpp") is None:
+        skipped.append("llama.cpp skipped: llama-cpp-python is not installed (pip install 'vx[bench]')")
+    elif "llama.cpp" in names and gguf is None:
+        skipped.append("llama.cpp skipped: the model is not a GGUF file")
+    if skipped:
+        names.remove("llama.cpp")
+    return names, skipped
+
+
+def engine_model_runner(llm_engine: Any) -> Any:
+    """The ModelRunner of an `LLMEngine` whose engine core runs in this process (`vx.LLM(...).llm_engine`)."""
+    return llm_engine.engine_core.engine_core.executor.worker.model_runner
+
+
 def run_child(module: str, argv: list[str], threads: int | None = None) -> dict | str:
     """Run `python -m module *argv` in a fresh process (OMP_NUM_THREADS=threads when given) and return the dict it
     prints on a `RESULT <json>` line, or 'failed: ...' with the tail of its output."""

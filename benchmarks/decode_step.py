@@ -31,8 +31,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (Table, add_model_args, model_label, parse_int_list, quiet_logs, ratio, resolve_bench_model,
-                               set_threads)
+from benchmarks.common import (Table, add_model_args, engine_model_runner, model_label, parse_int_list, quiet_logs,
+                               ratio, resolve_bench_model, set_threads)
 
 
 def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, batch: int,
@@ -57,7 +57,7 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, b
             os.environ.pop("VX_DECODE_COMPILE")
         else:
             os.environ["VX_DECODE_COMPILE"] = saved
-    graphs = _runner(engine).decode_graphs
+    graphs = engine_model_runner(engine).decode_graphs
     if mode == "compiled":
         if graphs is None:
             raise SystemExit(f"backend {backend} has no compiled decode here")
@@ -79,10 +79,6 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, b
 
 
 _BREAKDOWN_STEPS = 10
-
-
-def _runner(engine: Any) -> Any:
-    return engine.engine_core.engine_core.executor.worker.model_runner
 
 
 def _blocks_needed(batch: int, args: argparse.Namespace) -> int:
@@ -111,7 +107,7 @@ def step_breakdown(engine: Any, steps: int) -> dict[str, float]:
     from vx.gpu.attention.cpu_kernels import PagedDecodeKernel
     from vx.kernels.quant_matmul import QuantMatmulKernel
 
-    runner = _runner(engine)
+    runner = engine_model_runner(engine)
     spent = dict.fromkeys(("matmul", "head", "attention", "forward", "sampling"), 0.0)
     in_head = [False]
 
@@ -212,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.profile:
             for v in variants:
                 print(f"#### torch.profiler, {names[v]}\n\n```\n{profile_steps(engines[v])}```\n", flush=True)
-        kv_bytes = {v: _runner(engines[v]).kv_cache_bytes_per_block()
+        kv_bytes = {v: engine_model_runner(engines[v]).kv_cache_bytes_per_block()
                     // engines[v].config.cache_config.block_size for v in variants}
     finally:
         for engine in engines.values():

@@ -30,7 +30,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import Table, add_model_args, model_label, quiet_logs, resolve_bench_model, set_threads
+from benchmarks.common import (Table, add_model_args, engine_model_runner, model_label, quiet_logs,
+                               resolve_bench_model, set_threads)
 
 QUESTIONS = ["What is the capital of France?", "How many legs does a spider have?",
              "What color is the sky on a clear day?", "Name the largest planet in the solar system.",
@@ -39,7 +40,7 @@ QUESTIONS = ["What is the capital of France?", "How many legs does a spider have
 
 
 def _runner(llm: Any) -> Any:
-    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    return engine_model_runner(llm.llm_engine)
 
 
 def run(model_dir: str, kv_cache_dtype: str, args: argparse.Namespace) -> tuple[list[Any], int, list[Any]]:

@@ -26,7 +26,6 @@ gives the median and the spread (min-max) over the rounds, and vx's ratio to eac
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -39,9 +38,9 @@ from typing import Any, Callable
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (MODEL_CHOICES, Table, interleaved_rounds, machine_description, make_workload, median_spread,
-                               model_label, prompt_token_range, quiet_logs, ratio, resolve_device,
-                               resolve_gguf_or_dir, rss_bytes, run_child, set_threads)
+from benchmarks.common import (MODEL_CHOICES, Table, engine_model_runner, interleaved_rounds, machine_description,
+                               make_workload, median_spread, model_label, prompt_token_range, quiet_logs, ratio,
+                               resolve_device, resolve_gguf_or_dir, rss_bytes, run_child, select_engines, set_threads)
 
 ENGINES = ("vx", "llama.cpp", "hf")
 WARMUP_TOKENS = 4
@@ -75,7 +74,7 @@ def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
     llm = vx.LLM(spec["model"], dtype=spec["dtype"], device=spec["device"])
     engine = llm.llm_engine
     # Its batch-1 decode graph compiles in the background while eager steps serve: measure the steady state.
-    graphs = engine.engine_core.engine_core.executor.worker.model_runner.decode_graphs
+    graphs = engine_model_runner(engine).decode_graphs
     if graphs is not None:
         graphs.wait()
     request_ids = itertools.count()
@@ -190,17 +189,7 @@ def _engines(ns: argparse.Namespace, gguf: str | None) -> tuple[list[str], list[
     """The engines to run (hf once per dtype, as hf-<dtype>) and the notes on those skipped."""
     from vx.platform import cpu_has_native_bf16
 
-    names = [e.strip() for e in ns.engines.split(",") if e.strip()]
-    unknown = set(names) - set(ENGINES)
-    if unknown:
-        raise SystemExit(f"unknown engine(s) {', '.join(sorted(unknown))}; choose from {', '.join(ENGINES)}")
-    skipped = []
-    if "llama.cpp" in names and importlib.util.find_spec("llama_cpp") is None:
-        skipped.append("llama.cpp skipped: llama-cpp-python is not installed (pip install 'vx[bench]')")
-    elif "llama.cpp" in names and gguf is None:
-        skipped.append("llama.cpp skipped: the model is not a GGUF file")
-    if skipped:
-        names.remove("llama.cpp")
+    names, skipped = select_engines(ns.engines, ENGINES, gguf)
     hf_dtypes = ns.hf_dtypes.split(",") if ns.hf_dtypes else \
         ["float32"] + (["bfloat16"] if cpu_has_native_bf16() else [])
     out = []

@@ -31,8 +31,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (Table, bench_cache_dir, interleaved_rounds, machine_description, median_spread,
-                               quiet_logs, ratio, rss_bytes, run_child)
+from benchmarks.common import (Table, bench_cache_dir, engine_model_runner, interleaved_rounds, machine_description,
+                               median_spread, quiet_logs, ratio, rss_bytes, run_child)
 
 FORMATS = ("gguf", "float", "int8", "int4", "llama.cpp")
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -75,7 +75,7 @@ def run_vx(fmt: str, model: str, decode_tokens: int, num_requests: int, output_l
     t0 = time.perf_counter()
     llm = vx.LLM(model, **args)
     load_s = time.perf_counter() - t0
-    runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
+    runner = engine_model_runner(llm.llm_engine)
     result = {"weight_bytes": weight_bytes(runner.model), "load_s": load_s}
     greedy = dict(temperature=0.0, ignore_eos=True)
     llm.generate([PROMPT], vx.SamplingParams(max_tokens=4, **greedy), use_tqdm=False)  # warm up
