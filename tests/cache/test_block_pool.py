@@ -2,6 +2,8 @@
 
 import pytest
 
+from tests.support.cache_requests import Req
+
 from vx.cache import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock, hash_block_tokens
 
 
@@ -233,7 +235,7 @@ def test_many_short_requests_touch_no_more_blocks_than_their_peak(enable_caching
     running: list = []
     for i in range(300):
         tokens = [i, i + 1, i + 2, 7, 7, 7, 7, 7, 9, 9][: 3 + i % 8]  # distinct prompts of 3-10 tokens
-        req = _Req(str(i), tokens)
+        req = Req(str(i), tokens)
         blocks, hits = kv.get_computed_blocks(req)
         assert kv.allocate_slots(req, req.num_tokens - hits, hits, blocks) is not None
         req.num_computed_tokens = req.num_tokens
@@ -249,17 +251,3 @@ def test_many_short_requests_touch_no_more_blocks_than_their_peak(enable_caching
         assert len(used) <= 3 * 3  # three requests of at most three blocks
     else:
         assert pool.get_num_cached_blocks() > 0
-
-
-class _Req:
-    """Minimal CacheRequest."""
-
-    def __init__(self, request_id: str, tokens: list[int]) -> None:
-        self.request_id = request_id
-        self.all_token_ids = list(tokens)
-        self.num_computed_tokens = 0
-        self.block_hashes: list[bytes] = []
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.cache_requests import Req
+
 from vx.cache import KVCacheManager, KVCacheStats
 
 BS = 4
-
-
-class Req:
-    """Minimal CacheRequest."""
-
-    def __init__(self, request_id: str, tokens: list[int]) -> None:
-        self.request_id = request_id
-        self.all_token_ids = list(tokens)
-        self.num_computed_tokens = 0
-        self.block_hashes: list[bytes] = []
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
 
 
 def admit(kv: KVCacheManager, req: Req, num_new: int | None = None):

@@ -11,26 +11,14 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests.support.cache_requests import Req
+
 from vx.cache import FreeKVCacheBlockQueue, KVCacheBlock, KVCacheManager
 
 BS = 2
 NUM_BLOCKS = 9  # 8 usable: small, so allocations fail, blocks get evicted and re-hit
 MAX_TOKENS = 16
 tokens_st = st.lists(st.integers(0, 2), min_size=1, max_size=10)
-
-
-class Req:
-    """Minimal CacheRequest."""
-
-    def __init__(self, request_id: str, tokens: list[int]) -> None:
-        self.request_id = request_id
-        self.all_token_ids = list(tokens)
-        self.num_computed_tokens = 0
-        self.block_hashes: list[bytes] = []
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
 
 
 def snapshot(kv: KVCacheManager, req: Req):
