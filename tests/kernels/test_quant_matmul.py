@@ -38,6 +38,23 @@ def test_every_path_matches_the_float_weight(vector_bytes, bits, n, k, group, ha
         assert_within_rounding(kernel.matmul(x, packed), x, w)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_one_thread_and_the_team_give_the_same_products(monkeypatch, bits):
+    """Small calls run on the calling thread alone (`vx.kernels.threads`), large ones split panels over threads."""
+    from vx.kernels import quant_matmul
+
+    kernel = load_quant_matmul_kernel()
+    q, scale, zero = random_groupwise(200, 96, 32, bits, seed=3)
+    packed = kernel.pack(q, scale, zero, 32, bits)
+    for m in (1, 3, 20):
+        x = torch.randn(m, 96, generator=torch.Generator().manual_seed(m))
+        ys = []
+        for threads in (1, 2):
+            monkeypatch.setattr(quant_matmul, "threads_for", lambda serial_us, threads=threads: threads)
+            ys.append(kernel.matmul(x, packed))
+        assert torch.equal(ys[0], ys[1])
+
+
 @pytest.mark.parametrize("vector_bytes", WIDTHS)
 def test_panels_have_the_vector_width(vector_bytes):
     kernel = load_quant_matmul_kernel(vector_bytes)

@@ -15,10 +15,19 @@ from pathlib import Path
 import torch
 
 from vx.kernels.build import load_library
+from vx.kernels.threads import threads_for
 
 _SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.c"
 # No -ffast-math: the kernel needs none of it, only the contraction of a * b + c into FMAs (gnu11 allows it).
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-std=gnu11")
+# One thread's time per weight, in ns: a fixed part (reading and dequantizing it) and one per row of x. Fitted to
+# `python -m benchmarks.quant_matmul --threads 1 --batches 1,2,4,8` on the default model's shapes (AVX-512 EPYC).
+_NS_PER_WEIGHT, _NS_PER_WEIGHT_ROW = 0.045, 0.03
+
+
+def serial_us(m: int, n: int, k: int) -> float:
+    """About how long one thread takes for x [m, k] @ W^T [k, n], in µs."""
+    return n * k * (_NS_PER_WEIGHT + _NS_PER_WEIGHT_ROW * m) * 1e-3
 
 
 @dataclass(frozen=True)
@@ -80,9 +89,11 @@ class QuantMatmulKernel:
             raise ValueError(f"matmul: x {x.dtype} {tuple(x.shape)} for a weight of {w.in_features} inputs "
                              "(x must be float32 [M, K]).")
         x = x.contiguous()
-        y = torch.empty(x.shape[0], w.out_features, dtype=torch.float32)
-        rc = self._fns[w.bits](x.data_ptr(), x.shape[0], w.in_features, w.q.data_ptr(), w.sz.data_ptr(),
-                               int(w.sz.dtype == torch.float16), w.out_features, w.group_size, y.data_ptr(), torch.get_num_threads())
+        m = x.shape[0]
+        y = torch.empty(m, w.out_features, dtype=torch.float32)
+        threads = threads_for(serial_us(m, w.out_features, w.in_features))
+        rc = self._fns[w.bits](x.data_ptr(), m, w.in_features, w.q.data_ptr(), w.sz.data_ptr(),
+                               int(w.sz.dtype == torch.float16), w.out_features, w.group_size, y.data_ptr(), threads)
         if rc != 0:
             raise ValueError(f"quant_matmul rejected x {tuple(x.shape)} with a {w.bits}-bit weight "
                              f"{w.out_features}x{w.in_features}, groups of {w.group_size}.")

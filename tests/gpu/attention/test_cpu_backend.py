@@ -70,6 +70,20 @@ def test_kernel_equals_torch_backend(heads, kv_heads, head_dim, block_size, wind
 
 
 @pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+def test_kernel_gives_the_same_on_one_thread_and_on_the_team(monkeypatch, kv_cache_dtype):
+    """Small calls run on the calling thread alone, large ones on the OpenMP team: the same outputs either way."""
+    from vx.gpu.attention import cpu_kernels
+
+    common, cache, q, k, v = _decode_batch([1, 17, 300, 64, 130], 9, 3, 64, 16, kv_cache_dtype=kv_cache_dtype)
+    impl = CpuAttentionBackend.get_impl_cls()(9, 64, 0.125, 3, kv_cache_dtype=kv_cache_dtype)
+    outs = []
+    for min_work in (2**62, 0):
+        monkeypatch.setattr(cpu_kernels, "_min_parallel_work", lambda: min_work)
+        outs.append(impl.forward(None, q, k, v, cache.clone(), CpuAttentionBackend.build_metadata(common)))
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
 def test_kernel_is_what_runs(monkeypatch, kv_cache_dtype):
     """Guard against a silent fallback: with the torch path broken, the CPU backend still decodes."""
     common, cache, q, k, v = _decode_batch([5, 40], 4, 2, 64, 16, kv_cache_dtype=kv_cache_dtype)

@@ -6,13 +6,15 @@
  *
  * Layouts (all contiguous):
  *   q, out:       float32 rows of [H * D] (head-major, row strides q_stride / out_stride); sequence i's query is
- *                 row q_rows[i], its output row out_rows[i]
+ *                 row q_rows[i], its output row out_rows[i] (row i where q_rows / out_rows is NULL)
  *   k/v cache:    [num_blocks, block_size, Hk, row] where a row is one token's key (value) for one kv head, per
  *                 kv_kind (vx/gpu/attention/kv_format.py): KV_F32 D floats; KV_FP8 D float8 e4m3 codes; KV_INT8 D
  *                 int8 codes then the row's float32 scale; KV_BF16 / KV_F16 D bfloat16 / float16 values (a bf16
  *                 or fp16 model's own cache). tensor_scale_k/v multiply every key/value (fp8's per-tensor scale; 1
  *                 otherwise).
  *   block_table:  int32 [num_seqs, bt_stride]; seq_lens: int32 [num_seqs]
+ * The (sequence, kv head) tasks run on num_threads OpenMP threads, or on the calling thread alone when the tokens
+ * read times the kv heads fall below min_parallel_work (waking a sleeping team costs more than such calls).
  * window > 0 limits attention to the last `window` positions (the query's own included), as in HF.
  * The 8- and 16-bit kinds are decoded 16 rows at a time into a small float buffer (in L1) that serves every query
  * head of the group (the arithmetic stays in float32 whatever the cache holds). For the 8-bit kinds: a quarter of the float32 cache's bytes cross memory, each code is decoded once, and int8's row scales
@@ -214,7 +216,7 @@ int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, con
                     float tensor_scale_v, const int32_t *block_table, int64_t bt_stride, const int32_t *seq_lens,
                     int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
                     float scale, int64_t window, float *out, int64_t out_stride, const int64_t *out_rows,
-                    int num_threads) {
+                    int num_threads, int64_t min_parallel_work) {
     const int64_t group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK || num_heads % num_kv_heads) return -1;
     if (kv_kind < KV_F32 || kv_kind > KV_F16) return -1;
@@ -222,13 +224,16 @@ int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, con
     const int64_t blk_stride = block_size * tok_stride;
     const float score_scale = scale * tensor_scale_k;
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    /* Few tokens to read: the calling thread alone is done before a sleeping team would wake. */
+    int64_t work = 0;
+    for (int64_t s = 0; s < num_seqs; s++) work += seq_lens[s] * num_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (work >= min_parallel_work)
     for (int64_t task = 0; task < num_seqs * num_kv_heads; task++) {
         const int64_t s = task / num_kv_heads, kh = task % num_kv_heads;
         const int64_t len = seq_lens[s];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        const float *qs = q + q_rows[s] * q_stride + kh * group * head_dim;
-        float *os = out + out_rows[s] * out_stride + kh * group * head_dim;
+        const float *qs = q + (q_rows ? q_rows[s] : s) * q_stride + kh * group * head_dim;
+        float *os = out + (out_rows ? out_rows[s] : s) * out_stride + kh * group * head_dim;
         const int32_t *blocks = block_table + s * bt_stride;
 /* Every (kind, head_dim) pair the dispatch names gets its own fully specialised copy of attend. */
 #define ATTEND(KIND, DIM)                                                                                          \
