@@ -32,5 +32,10 @@ async def main(question: str) -> None:
                   file=sys.stderr)
 
 
+# The bare "What is the capital of France?" is a coin toss for this 135M model: "The" leads "L" by 0.08 nats in
+# float32 and trails it by one bfloat16 step in bf16 (Hugging Face's bf16 lands the other way by luck), and the "L"
+# reply wanders off. Asking for a sentence gives "The" a 1.5-nat lead in both dtypes.
+DEFAULT_QUESTION = "What is the capital of France? Answer in one sentence."
+
 if __name__ == "__main__":
-    anyio.run(main, " ".join(sys.argv[1:]) or "What is the capital of France?")
+    anyio.run(main, " ".join(sys.argv[1:]) or DEFAULT_QUESTION)
