@@ -253,7 +253,8 @@ def _consistent(fields: dict) -> dict:
 
 valid_fields = st.builds(_consistent, st.fixed_dictionaries({}, optional={k: v for k, (v, _) in FIELDS.items()}))
 any_fields = st.fixed_dictionaries({}, optional={k: mostly(v, bad) for k, (v, bad) in FIELDS.items()})
-valid_prompts = st.one_of(st.text(min_size=1, max_size=40), st.lists(token_ids, min_size=1, max_size=60))
+# A character may take 4 byte-level tokens: 15 characters always fit max_model_len=64 with one token to generate.
+valid_prompts = st.one_of(st.text(min_size=1, max_size=15), st.lists(token_ids, min_size=1, max_size=60))
 prompts = mostly(valid_prompts,
                  st.one_of(st.just(""), st.lists(bad_token_ids, min_size=1, max_size=3), st.just([1] * 70)))
 # Constraints that pass the front end's checks but that xgrammar refuses (or, for a random schema, may accept).
