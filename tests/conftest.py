@@ -14,7 +14,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # each): the compiled path has its own tests (tests/gpu/test_decode_graphs.py), which turn it back on.
 os.environ.setdefault("VX_DECODE_COMPILE", "off")
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def _cuda_available() -> bool:
@@ -38,11 +37,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory) -> dict[str, str]:
     """family -> directory with config.json, safetensors weights and a byte-level BPE tokenizer."""
-    from tests.support.tiny_models import make_tiny_model
+    from tests.support.tiny_models import ENGINE_FAMILIES, make_tiny_model
     from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
     dirs = {}
-    for fam in FAMILIES:
+    for fam in ENGINE_FAMILIES:
         d = tmp_path_factory.mktemp(f"tiny-{fam}")
         make_tiny_model(fam, str(d), eos_token_id=0, bos_token_id=0, pad_token_id=0)
         make_tiny_tokenizer(str(d))

@@ -6,10 +6,10 @@ import random
 
 import pytest
 import torch
+from tests.support.tiny_models import ENGINE_FAMILIES as FAMILIES
 
 import vx
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MAX_NEW = 24
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3")
+# The families every engine-level test runs (a session fixture each): one per model class and weight layout.
+ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -33,15 +35,27 @@ _FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     # Explicit head_dim different from hidden/heads, as real Qwen3 checkpoints have.
     "qwen3": dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    # Qwen3's long-context setting: YaRN over a short original context.
+    "qwen3_yarn": dict(head_dim=32, max_position_embeddings=128, rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+                                                     "original_max_position_embeddings": 32}),
+    # Phi-4-mini's shape: fused qkv and gate_up weights, a partial rotary factor, LongRoPE, tied embeddings. The
+    # original context (96) holds the tests' prompts and answers: a sequence growing past it is re-encoded with the
+    # long factors by Hugging Face's Phi-3 `generate` and rotated position by position by vx (vx/models/
+    # layers/rotary.py), so token equality holds within it; the long factors are checked in the rotary's tests.
+    "phi3": dict(tie_word_embeddings=True, partial_rotary_factor=0.75, original_max_position_embeddings=96,
+                 max_position_embeddings=1024, sliding_window=None,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                  "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                  "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]}),
 }
 
 
 def make_tiny_config(family: str, **overrides: Any) -> Any:
     """The transformers config of a tiny model of `family` (see FAMILIES)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     classes = {"llama": LlamaConfig, "llama3_tied": LlamaConfig, "mistral": MistralConfig,
-               "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+               "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_yarn": Qwen3Config, "phi3": Phi3Config}
     if family not in classes:
         raise ValueError(f"Unknown tiny model family {family!r}; choose from {FAMILIES}.")
     kwargs = {**_COMMON, **_FAMILY_OVERRIDES[family], **overrides}

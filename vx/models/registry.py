@@ -5,10 +5,12 @@ from __future__ import annotations
 from torch import nn
 
 from vx.models.llama import LlamaForCausalLM
+from vx.models.phi3 import Phi3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
 }

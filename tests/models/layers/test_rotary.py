@@ -86,8 +86,50 @@ def test_partial_rotary_leaves_the_tail_alone():
 
 
 def test_unsupported_rope_type_is_refused():
-    cfg = SimpleNamespace(max_position_embeddings=32, rope_parameters={"rope_type": "yarn", "factor": 2.0})
-    with pytest.raises(ValueError, match="yarn"):
+    cfg = SimpleNamespace(max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="dynamic"):
         get_rope(cfg, 16)
-    with pytest.raises(ValueError, match="llama3"):
+    with pytest.raises(ValueError, match="longrope"):  # the message lists what is supported
         RotaryEmbedding(16, 32, get_rope_config(cfg))
+
+
+def _assert_cos_sin_equal(ours: RotaryEmbedding, cos_hf: torch.Tensor, sin_hf: torch.Tensor,
+                          positions: torch.Tensor) -> None:
+    cos, sin = ours.cos_sin(positions, torch.float32)
+    half = ours.rotary_dim // 2
+    torch.testing.assert_close(cos[:, 0], cos_hf, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sin[:, 0, half:], sin_hf[:, half:], atol=1e-6, rtol=0)
+    torch.testing.assert_close(-sin[:, 0, :half], sin_hf[:, :half], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("params", [
+    {},  # the tiny family's: factor 4 over 32 original positions
+    {"factor": 8.0, "beta_fast": 16, "beta_slow": 2, "truncate": False},
+    {"mscale": 1.0, "mscale_all_dim": 0.5},
+    {"attention_factor": 1.25},
+])
+def test_yarn_cos_sin_equal_hf(params):
+    """YaRN's ramped frequencies and attention factor, as Qwen3's long-context config sets them."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    base = make_tiny_config("qwen3_yarn")
+    config = make_tiny_config("qwen3_yarn", rope_parameters={**base.rope_parameters, **params})
+    positions = torch.tensor([0, 1, 7, 31, 32, 33, 100, 127])
+    cos_hf, sin_hf = Qwen3RotaryEmbedding(config)(torch.zeros(1), positions[None])
+    _assert_cos_sin_equal(get_rope(config, 32), cos_hf[0], sin_hf[0], positions)
+
+
+def test_longrope_uses_short_factors_within_the_original_context_and_long_ones_past_it():
+    """Position by position, what Hugging Face's Phi-3 rotary gives a sequence that ends at that position:
+    the short set (times the attention factor) up to the original length, the long set past it."""
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    config = make_tiny_config("phi3")
+    head_dim = config.hidden_size // config.num_attention_heads
+    ours = get_rope(config, head_dim)
+    assert ours.rotary_dim == 12
+    for position in (0, 5, 95, 96, 97, 300, 1023):
+        hf = Phi3RotaryEmbedding(config)
+        cos_hf, sin_hf = hf(torch.zeros(1), torch.arange(position + 1)[None])
+        at = torch.tensor([position])
+        _assert_cos_sin_equal(ours, cos_hf[0, -1:], sin_hf[0, -1:], at)

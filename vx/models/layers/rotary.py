@@ -1,7 +1,16 @@
 """Rotary position embedding (rotate-half / neox style, as Hugging Face Llama applies it).
 
 cos and sin are precomputed for every position up to `max_position` in float32, exactly as Hugging Face
-computes them on the fly (positions * inv_freq, then cos/sin), so results match bit for bit before the cast.
+computes them on the fly (positions * inv_freq, then cos/sin, times the scaling's attention factor), so results
+match bit for bit before the cast.
+
+Scalings: linear, llama3, yarn and longrope (Phi-3's "su"). LongRoPE has two sets of frequencies: the short one
+up to `original_max_position_embeddings`, the long one past it. vx picks the set by position (a position past the
+original length uses the long set), so a token's rotation never depends on what else shares the batch and
+cached keys stay valid. Hugging Face picks one set per sequence from its length, and Phi-3's `generate` re-encodes
+the whole sequence with the long set when it grows past the original length: the two agree on sequences within
+the original length and differ past it (vLLM's choice, one set per batch, differs from both). Dynamic NTK
+rescales by the current length and is refused.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 @dataclass
@@ -49,16 +58,72 @@ def get_rope_config(hf_config: Any) -> RopeConfig:
                       params=params)
 
 
-def compute_inv_freq(rotary_dim: int, rope: RopeConfig) -> torch.Tensor:
-    """Inverse frequencies [rotary_dim/2] in float32 for the rope type (default, linear, llama3)."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device="cpu") / rotary_dim))
-    if rope.rope_type == "default":
-        return inv_freq
+def check_rope_type(rope: RopeConfig) -> None:
+    """Refuse, by name, a scaling vx does not implement."""
+    if rope.rope_type not in _SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope_type {rope.rope_type!r} is not supported; "
+                         f"supported: {', '.join(_SUPPORTED_ROPE_TYPES)}.")
+
+
+def compute_inv_freq(rotary_dim: int, rope: RopeConfig, long: bool = False) -> torch.Tensor:
+    """Inverse frequencies [rotary_dim/2] in float32 for the rope type; `long`: LongRoPE's set past the original
+    length."""
+    check_rope_type(rope)
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
+    if rope.rope_type == "longrope":
+        factors = rope.params["long_factor" if long else "short_factor"]
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta ** exponents)
+    inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.params["factor"]
     if rope.rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope.params)
-    raise ValueError(f"rope_type {rope.rope_type!r} is not supported; supported: {', '.join(_SUPPORTED_ROPE_TYPES)}.")
+    if rope.rope_type == "yarn":
+        return _yarn_inv_freq(rotary_dim, rope)
+    return inv_freq
+
+
+def attention_factor(rope: RopeConfig, max_position_embeddings: int) -> float:
+    """What cos and sin are multiplied by (yarn's mscale, longrope's sqrt(1 + ln s / ln L)); 1 for the others."""
+    p = rope.params
+    if rope.rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if p.get("attention_factor") is not None:
+        return float(p["attention_factor"])
+    original = p["original_max_position_embeddings"]
+    factor = p.get("factor") or max_position_embeddings / original
+    if rope.rope_type == "longrope":
+        return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    if p.get("mscale") and p.get("mscale_all_dim"):
+        return float(_yarn_mscale(factor, p["mscale"]) / _yarn_mscale(factor, p["mscale_all_dim"]))
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(dim: int, rope: RopeConfig) -> torch.Tensor:
+    """YaRN: interpolate (divide by `factor`) the low frequencies, keep the high ones, ramp linearly between the
+    dimensions that turn `beta_slow` and `beta_fast` times over the original context."""
+    p, base = rope.params, rope.theta
+    original = p["original_max_position_embeddings"]
+    factor = p["factor"]
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of zero width would divide by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate
+    return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, p: dict[str, Any]) -> torch.Tensor:
@@ -83,19 +148,22 @@ class RotaryEmbedding(nn.Module):
     `apply`, so the gather from the cache happens once rather than per layer.
     """
 
-    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig) -> None:
+    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig, max_position_embeddings: int | None = None,
+                 ) -> None:
         super().__init__()
-        if rope.rope_type not in _SUPPORTED_ROPE_TYPES:
-            raise ValueError(f"rope_type {rope.rope_type!r} is not supported; "
-                             f"supported: {', '.join(_SUPPORTED_ROPE_TYPES)}.")
+        check_rope_type(rope)
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
         self.max_position = max_position
-        inv_freq = compute_inv_freq(self.rotary_dim, rope)
         # Built on the CPU for the same numbers on every device, then moved to the default (target) device.
         t = torch.arange(max_position, dtype=torch.float32, device="cpu")
-        freqs = t[:, None] * inv_freq[None, :]
-        cos, sin = freqs.cos(), freqs.sin()
+        freqs = t[:, None] * compute_inv_freq(self.rotary_dim, rope)[None, :]
+        if rope.rope_type == "longrope":
+            original = int(rope.params["original_max_position_embeddings"])
+            long_freqs = t[original:, None] * compute_inv_freq(self.rotary_dim, rope, long=True)[None, :]
+            freqs = torch.cat((freqs[:original], long_freqs))
+        scale = attention_factor(rope, max_position_embeddings or max_position)
+        cos, sin = freqs.cos() * scale, freqs.sin() * scale
         # Stored so that x*cos + swap_halves(x)*sin is the rotation: sin carries the sign of rotate_half.
         cos_full = torch.cat((cos, cos), dim=-1)
         sin_full = torch.cat((-sin, sin), dim=-1)
@@ -137,4 +205,4 @@ def _swap_halves(x: torch.Tensor) -> torch.Tensor:
 def get_rope(hf_config: Any, head_dim: int, max_position: int | None = None) -> RotaryEmbedding:
     """Build the rotary embedding a Hugging Face config describes."""
     max_pos = max_position or int(hf_config.max_position_embeddings)
-    return RotaryEmbedding(head_dim, max_pos, get_rope_config(hf_config))
+    return RotaryEmbedding(head_dim, max_pos, get_rope_config(hf_config), int(hf_config.max_position_embeddings))
