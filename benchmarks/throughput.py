@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="give HF the requests sorted by output length (its best case; vx gets arrival order)")
     ap.add_argument("--no-hf", action="store_true", help="run vx only")
     ap.add_argument("--no-roofline", action="store_true", help="skip the roofline measurement")
+    ap.add_argument("--eager-too", action="store_true",
+                    help="also run vx with enforce_eager=True (no decode graphs: CUDA graphs, or the CPU's compiled decode)")
     args = ap.parse_args(argv)
     quiet_logs()
     set_threads(args.threads)
@@ -167,6 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         engine_args["max_num_batched_tokens"] = args.max_num_batched_tokens
     vx_res, config = run_vx(model_dir, wl, args.dtype, device, **engine_args)
     gc.collect()
+    eager_res: RunResult | None = None
+    if args.eager_too:
+        eager_res, _ = run_vx(model_dir, wl, args.dtype, device, enforce_eager=True, **engine_args)
+        gc.collect()
 
     hf_res: RunResult | None = None
     probe_note = ""
@@ -187,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
                   ["engine", "useful tokens", "computed tokens", "seconds", "useful tok/s", "vs HF"])
     table.add("vx", vx_res.useful_tokens, vx_res.generated_tokens, vx_res.seconds, vx_res.tokens_per_s,
               ratio(vx_res.tokens_per_s, hf_res.tokens_per_s) if hf_res else "n/a")
+    if eager_res:
+        table.add("vx, enforce_eager", eager_res.useful_tokens, eager_res.generated_tokens, eager_res.seconds,
+                  eager_res.tokens_per_s, ratio(eager_res.tokens_per_s, hf_res.tokens_per_s) if hf_res else "n/a")
     if hf_res:
         table.add("HF generate", hf_res.useful_tokens, hf_res.generated_tokens, hf_res.seconds,
                   hf_res.tokens_per_s, "1.00x")

@@ -53,9 +53,9 @@ VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
 
 VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
     "VX_DECODE_COMPILE", "background", str,
-    "when the CPU's compiled decode graphs are compiled: `background` (one batch size at a time while eager steps "
-    "serve: size 1 at start-up, others when first needed), `startup` (all of them before the engine serves) or "
-    "`off` (never: every step eager, as `enforce_eager=True`)")
+    "when the decode graphs are built: `background` (the CPU's compiled graphs, one batch size at a time while "
+    "eager steps serve: size 1 at start-up, others when first needed; CUDA graphs are always captured at start-up), "
+    "`startup` (all of them before the engine serves) or `off` (never: every step eager, as `enforce_eager=True`)")
 
 VX_API_KEY: EnvVar[str | None] = EnvVar(
     "VX_API_KEY", "", _optional,

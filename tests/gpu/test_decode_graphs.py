@@ -4,6 +4,7 @@ eager decode give Hugging Face's greedy tokens."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -146,6 +147,42 @@ def test_steps_run_eagerly_until_their_size_is_compiled(tiny_model_dir, monkeypa
         assert 2 in graphs.ready_sizes
     finally:
         llm.shutdown()
+
+
+class _SlowBuild:
+    """A graph capture whose builds take a while, recording which sizes were started and finished."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.started, self.finished = seconds, [], []
+
+    def build(self, size, args):
+        self.started.append(size)
+        time.sleep(self.seconds)
+        self.finished.append(size)
+
+    def run(self, size, args):
+        raise AssertionError("not run here")
+
+
+def test_shutdown_waits_for_the_compile_in_progress_and_drops_the_queued_ones():
+    """A process that exits in the middle of an inductor compile aborts ("terminate called without an active
+    exception", seen in 1 of 2 runs of a benchmark that shut an engine down and exited while size 1 compiled):
+    shutdown therefore ends with no compile running, and sizes still queued are never compiled."""
+    from vx.gpu.decode_graphs import DecodeGraphs
+
+    capture = _SlowBuild(0.5)
+    graphs = DecodeGraphs(torch.nn.Identity(), 8, 4, torch.device("cpu"), capture=capture)
+    for size in (1, 2, 4):
+        graphs.compile_in_background(size)
+    deadline = time.monotonic() + 5
+    while not capture.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    graphs.shutdown()
+    assert capture.started == capture.finished == [1]
+    assert not graphs._thread.is_alive()
+    graphs.compile_in_background(8)  # refused once shut down
+    time.sleep(0.1)
+    assert capture.started == [1]
 
 
 def test_invalid_decode_compile_setting_is_refused(tiny_model_dir, monkeypatch):

@@ -1,4 +1,4 @@
-"""Compiled decode: a decode-only step runs a graph compiled for its padded batch size (the CPU's CUDA graphs).
+"""Decode graphs: a decode-only step runs a graph made for its padded batch size (CUDA graphs, and the CPU's analogue).
 
 A decode step's shapes depend only on its number of requests, so each batch size in `capture_sizes` gets one
 graph, compiled once with torch.compile (inductor): the ~100 small ops of a layer fuse into a few loops and
@@ -11,11 +11,13 @@ Inputs live in persistent buffers (`DecodeBuffers`): a step copies its rows in a
 them, which is what a CUDA graph needs and costs the CPU nothing. Attention inputs reach the graph as
 `DecodeGraphMetadata`, tensors only, so a graph never depends on a step's Python numbers.
 
-Compiling a graph takes 10-45 s on 2 cores (less when inductor's on-disk cache has it), so it happens in the
-background, one size at a time, while eager steps serve (start-up and first token are not delayed): size 1 at
-start-up (one stream is the first thing an embedded engine meets), every other size the first time a step needs
-it. `VX_DECODE_COMPILE=startup` compiles every size before the engine serves (tests and benchmarks that need
-the compiled path from the first step); `enforce_eager=True` never compiles.
+How a size's graph is made is `vx.gpu.graph_capture`'s: compiled by inductor on the CPU, captured as a CUDA graph
+on CUDA. On the CPU, compiling a graph takes 10-45 s on 2 cores (less when inductor's on-disk cache has it), so it
+happens in the background, one size at a time, while eager steps serve (start-up and first token are not
+delayed): size 1 at start-up (one stream is the first thing an embedded engine meets), every other size the first
+time a step needs it. `VX_DECODE_COMPILE=startup` builds every size before the engine serves (tests and
+benchmarks that need the graphs from the first step). On CUDA a capture takes milliseconds and must not overlap
+eager work, so every size is captured at start-up, largest first. `enforce_eager=True` builds none.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import logging
 import queue
 import threading
 import time
-import types
+import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import torch
 
 from vx.gpu.attention.backend import DecodeGraphMetadata
+from vx.gpu.graph_capture import CudaGraphs, GraphCapture, InductorGraphs, own_copy
 
 logger = logging.getLogger(__name__)
 
@@ -113,52 +115,42 @@ def _decode_forward(model: torch.nn.Module, input_ids: torch.Tensor, positions: 
     return model(input_ids, positions, attn_metadata)
 
 
-def _own_copy(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """`fn` with a code object of its own: dynamo keeps compiled code per code object, and the graphs of two
-    engines in one process (other models, other cache sizes) must never serve each other's calls, since their
-    guards check the batch size only."""
-    return types.FunctionType(fn.__code__.replace(co_name=name), fn.__globals__, name)
-
-
-def _batch_size_guards_only(entries: list[Any]) -> list[bool]:
-    """Guards the graphs keep: the token ids' shape, which tells the sizes apart, and nothing else.
-
-    The model, its weights and the buffers are the same objects on every call, so the rest of dynamo's guards
-    (hundreds: one per parameter) would cost ~3 ms a step to check and could never fail.
-    """
-    return [entry.name == "input_ids" and entry.guard_type == "TENSOR_MATCH" for entry in entries]
-
-
 class DecodeGraphs:
     """The compiled decode graphs of one model runner: which sizes exist, compiling them, running a step."""
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device,
-                 compile_fn: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] | None = None,
-                 ) -> None:
+                 capture: GraphCapture | None = None) -> None:
+        """`capture`: how a size's graph is built (default: CUDA graphs on CUDA, inductor elsewhere)."""
         self.model = model
         self.device = device
         self.sizes = capture_sizes(max_num_seqs, device.type)
         self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, device)
-        compile_fn = compile_fn or _inductor
-        self._graph = compile_fn(_own_copy(_decode_forward, f"decode_forward_{id(self):x}"))
+        forward = own_copy(_decode_forward, f"decode_forward_{id(self):x}")
+        if capture is None:
+            capture = CudaGraphs(forward) if device.type == "cuda" else InductorGraphs(forward, len(self.sizes))
+        self._capture = capture
         self._ready: set[int] = set()
         self._queued: set[int] = set()
         self._failed: dict[int, str] = {}
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self.compile_seconds: dict[int, float] = {}
         self.steps_run: dict[int, int] = {}  # size -> decode steps it served
 
     # -- compiling ---------------------------------------------------------------------------------------------
 
     def compile_now(self, sizes: list[int] | None = None) -> None:
-        """Compile `sizes` (default: all) in this thread before returning."""
-        for size in sizes if sizes is not None else self.sizes:
+        """Build `sizes` (default: all) in this thread before returning, largest first (CUDA graphs share one
+        memory pool, sized by the largest)."""
+        for size in sorted(sizes if sizes is not None else self.sizes, reverse=True):
             self._compile(size)
 
     def compile_in_background(self, size: int) -> None:
         """Queue `size` for the background compiler (started on first use); returns at once."""
+        if self._stop.is_set():
+            return
         with self._lock:
             if size in self._queued or size in self._ready or size in self._failed:
                 return
@@ -166,6 +158,8 @@ class DecodeGraphs:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._compile_loop, name="vx-decode-compile", daemon=True)
                 self._thread.start()
+                # Runs at interpreter exit too, if nobody shut the engine down.
+                weakref.finalize(self, _stop_compiler, self._stop, self._queue, self._thread)
         self._queue.put(size)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -180,11 +174,15 @@ class DecodeGraphs:
             time.sleep(0.05)
 
     def shutdown(self) -> None:
-        """Stop the background compiler after the size it is compiling (a compile cannot be interrupted)."""
-        self._queue.put(None)
+        """Stop the background compiler: queued sizes are dropped, the one being compiled is waited for.
+
+        A compile cannot be interrupted, and a process that exits in the middle of one aborts ("terminate called
+        without an active exception", from the compiler's C++ threads): hence the wait, here and at exit.
+        """
+        _stop_compiler(self._stop, self._queue, self._thread)
 
     def _compile_loop(self) -> None:
-        while (size := self._queue.get()) is not None:
+        while (size := self._queue.get()) is not None and not self._stop.is_set():
             self._compile(size)
 
     def _compile(self, size: int) -> None:
@@ -193,9 +191,8 @@ class DecodeGraphs:
             return
         start = time.perf_counter()
         try:
-            # A recompile per size is the design: each size adds one entry to the compiled function's cache.
-            with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=len(self.sizes) + 1):
-                self._call(size)
+            with torch.inference_mode():
+                self._capture.build(size, self._args(size))
         except Exception as e:  # noqa: BLE001 - that size stays eager, the engine goes on
             logger.warning("vx: compiling the decode graph of batch size %d failed (%s: %s); that size runs "
                            "eagerly", size, type(e).__name__, e)
@@ -210,9 +207,9 @@ class DecodeGraphs:
             self._queued.add(size)
         logger.info("vx: decode graph for batch size %d compiled in %.1f s", size, seconds)
 
-    def _call(self, size: int) -> torch.Tensor:
+    def _args(self, size: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, DecodeGraphMetadata]:
         b = self.buffers
-        return self._graph(self.model, b.input_ids[:size], b.positions[:size], b.metadata(size))
+        return self.model, b.input_ids[:size], b.positions[:size], b.metadata(size)
 
     # -- running -----------------------------------------------------------------------------------------------
 
@@ -240,11 +237,12 @@ class DecodeGraphs:
         n = input_ids.shape[0]
         self.buffers.fill(input_ids, positions, slot_mapping, block_table, seq_lens, size)
         self.steps_run[size] = self.steps_run.get(size, 0) + 1
-        return self._call(size)[:n]
+        return self._capture.run(size, self._args(size))[:n]
 
 
-def _inductor(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    # No size or alignment asserts: the buffers are the graph's own, fixed at allocation, and each assert is a
-    # Python call per layer and step.
-    return torch.compile(fn, fullgraph=True, dynamic=False, options={
-        "guard_filter_fn": _batch_size_guards_only, "size_asserts": False, "alignment_asserts": False})
+def _stop_compiler(stop: threading.Event, pending: queue.Queue[int | None], thread: threading.Thread | None) -> None:
+    """Drop the queued sizes and wait for the compile in progress (if any) to end."""
+    stop.set()
+    pending.put(None)
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()

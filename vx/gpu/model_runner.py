@@ -60,17 +60,19 @@ class ModelRunner:
         self._init_decode_graphs()
 
     def _init_decode_graphs(self) -> None:
-        """Compiled decode, unless `enforce_eager` or the backend cannot take it (CUDA graphs: not yet)."""
+        """Decode graphs (compiled on the CPU, CUDA graphs on CUDA), unless `enforce_eager` or the attention backend
+        cannot run inside one."""
         when = envs.VX_DECODE_COMPILE.get()
         if when not in ("background", "startup", "off"):
             raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
-        if (self.config.device_config.enforce_eager or when == "off" or self.device.type != "cpu"
+        if (self.config.device_config.enforce_eager or when == "off"
                 or not self.attn_backend.supports_decode_graphs(self.device.type)):
             return
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         self.decode_graphs = DecodeGraphs(self.model, self.config.scheduler_config.max_num_seqs, max_blocks,
                                           self.device)
-        if when == "startup":
+        # A CUDA capture takes milliseconds and must not overlap eager steps: always before serving.
+        if when == "startup" or self.device.type == "cuda":
             self.decode_graphs.compile_now()
         else:
             self.decode_graphs.compile_in_background(1)

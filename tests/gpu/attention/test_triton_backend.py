@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.support.attention_cases import EXACT_TOL, FLOAT_CACHE_TOL, compare, compare_to_float, make_case
+from tests.support.attention_cases import (EXACT_TOL, FLOAT_CACHE_TOL, compare, compare_to_float, make_case,
+                                           run_backend)
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
@@ -94,6 +95,25 @@ def _bf16_refused() -> float:
     raise AssertionError("bf16 under the interpreter was not refused")
 
 
+def _decode_graph_metadata() -> float:
+    """A decode step through `DecodeGraphMetadata` (what a CUDA graph's layers get) against the same step through
+    the backend's own metadata: the same cache bytes written, the same outputs."""
+    from vx.gpu.attention.backend import DecodeGraphMetadata
+
+    graph_case = make_case([20, 7, 3], [1, 1, 1], (4, 2), 32, 4, window=6, pad=0, seed=5)
+    common = graph_case.common
+    n = common.num_actual_tokens
+    md = DecodeGraphMetadata(slot_mapping=common.slot_mapping[:n].long(),
+                             block_table=common.block_table.to(torch.int32).contiguous(),
+                             seq_lens=common.seq_lens.to(torch.int32))
+    impl = TritonAttentionBackend.get_impl_cls()(4, 32, 32 ** -0.5, 2, sliding_window=6)
+    cache = graph_case.cache.clone()
+    out = impl.forward(None, graph_case.q, graph_case.k, graph_case.v, cache, md)
+    ref_out, ref_cache = run_backend(TritonAttentionBackend, graph_case)
+    assert torch.equal(cache, ref_cache), "the graph path wrote other cache rows"
+    return float((out[:n] - ref_out[:n]).abs().max())
+
+
 def _worker() -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     assert get_attn_backend("triton", "cpu") is TritonAttentionBackend
@@ -102,6 +122,7 @@ def _worker() -> None:
     checks.update({name: (lambda n=name: _run_quant_case(n)) for name in QUANT_CASES})
     checks["bf16_refused"] = _bf16_refused
     checks["fp8_codes"] = _fp8_codes_decode
+    checks["decode_graph_metadata"] = _decode_graph_metadata
     for name, check in checks.items():
         try:
             results[name] = check()
@@ -120,7 +141,7 @@ def interpreter_results() -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused", "fp8_codes"])
+@pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused", "fp8_codes", "decode_graph_metadata"])
 def test_interpreter_matches_torch(interpreter_results, name):
     res = interpreter_results[name]
     assert not isinstance(res, str), res

@@ -16,6 +16,10 @@ codes and dequantizes them per tile (KV_KIND), so the cache is never expanded.
 
 Per step `build_metadata` keeps the shared index tensors; the (request, first query) list of the query
 tiles depends on the tile height, so it is built by the first layer and cached for the others.
+
+Inside a CUDA graph (`vx.gpu.decode_graphs`) a layer gets `DecodeGraphMetadata` instead: row i is request i's one
+query, so the query starts and tiles are aranges of the batch size, made once per size outside the capture (during
+its warm-up) and read in place by every replay; nothing on the way syncs with the host.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import Any
 
 import torch
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, as_bytes
+from vx.gpu.attention.backend import (AttentionBackend, AttentionImpl, CommonAttentionMetadata, DecodeGraphMetadata,
+                                     as_bytes)
 from vx.gpu.attention.kv_format import kv_cache_format
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -148,6 +153,11 @@ class TritonAttentionBackend(AttentionBackend):
             return f"triton attention needs a power-of-two block_size, got {block_size}"
         return None
 
+    @staticmethod
+    def supports_decode_graphs(device_type: str) -> bool:
+        """CUDA graphs: its decode path reads `DecodeGraphMetadata` with device tensors only."""
+        return device_type == "cuda"
+
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         """Keep the common tensors in the dtypes the kernels read; no host sync."""
@@ -170,8 +180,10 @@ class TritonAttentionImpl(AttentionImpl):
     """Per-layer forward of the triton backend."""
 
     def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: TritonAttentionMetadata) -> torch.Tensor:
+                attn_metadata: TritonAttentionMetadata | DecodeGraphMetadata) -> torch.Tensor:
         """Write k/v at the step's slots, then one unified attention launch for all requests."""
+        if isinstance(attn_metadata, DecodeGraphMetadata):
+            attn_metadata = self._graph_metadata(attn_metadata, kv_cache.shape[2])
         md = attn_metadata
         kern = _kernels()
         num_tokens = q.shape[0]
@@ -229,3 +241,27 @@ class TritonAttentionImpl(AttentionImpl):
             DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
             KV_KIND=kind, num_warps=cfg.num_warps)
         return out
+
+    def _graph_metadata(self, md: DecodeGraphMetadata, block_size: int) -> TritonAttentionMetadata:
+        """A decode graph's step as the kernels' metadata: one query per row, its tiles the rows themselves.
+
+        The index tensors of a batch size are made on its first call (the capture's eager warm-up) and kept, so
+        the captured kernels read them in place; a graph's buffers (slot_mapping, block_table, seq_lens) are
+        used as they are.
+        """
+        num_rows = md.seq_lens.shape[0]
+        device = md.seq_lens.device
+        cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = self.__dict__.setdefault(
+            "_graph_rows", {})
+        if (num_rows, device) not in cache:
+            starts = torch.arange(num_rows + 1, dtype=torch.int32, device=device)
+            cache[num_rows, device] = (starts, torch.zeros(num_rows, dtype=torch.int32, device=device))
+        starts, zeros = cache[num_rows, device]
+        meta = TritonAttentionMetadata(
+            num_actual_tokens=num_rows, num_reqs=num_rows, max_query_len=1, block_size=block_size,
+            query_start_loc=starts, query_start_loc_cpu=torch.arange(num_rows + 1, dtype=torch.int32),
+            seq_lens=md.seq_lens, block_table=md.block_table, slot_mapping=md.slot_mapping)
+        # One query per request: one tile per row, whatever the tile height (which the dtype does not change).
+        block_q = tile_config(self.num_heads, self.num_kv_heads, self.head_dim, torch.float32, True).block_q
+        meta._tiles[block_q] = (starts[:num_rows], zeros)
+        return meta
