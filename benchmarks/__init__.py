@@ -31,6 +31,8 @@ BENCHMARKS: dict[str, str] = {
     "batch_throughput": "equal-length batches (32 and 128 requests x 128 tokens): vx vs HF generate's best padded "
                         "batch and llama.cpp with parallel slots; vx's engine RSS",
     "latency": "batch-1 time to first token (512-token prompt) and decode tokens/s, vx vs llama.cpp and HF generate",
+    "greedy_check": "vx's greedy tokens against Hugging Face on the same weights: float32 exact, 16-bit top-1 "
+                    "agreement (gpu_check.sh runs it on CUDA)",
 }
 
 

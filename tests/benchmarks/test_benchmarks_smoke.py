@@ -68,6 +68,16 @@ def test_throughput(micro_model, capsys):
     assert "HF generate" in out and "vs HF" in out and "of the decode roofline" in out
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_check(micro_model, capsys, dtype):
+    rc = get_main("greedy_check")(["--model", micro_model, "--device", "cpu", "--dtype", dtype, "--num-prompts", "2",
+                                   "--max-tokens", "6", "--min-agreement", "0.5"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "top-1 agreement with Hugging Face: " in out and "-> OK" in out
+    if dtype == "float32":
+        assert "12/12 = 1.0000" in out
+
+
 def test_prefix_caching(micro_model, capsys):
     get_main("prefix_caching")(["--model", micro_model, "--num-requests", "2", "--prefix-len", "32",
                                 "--suffix-len", "2", "--output-len", "2"])
