@@ -7,22 +7,21 @@ q/k RMSNorm and an explicit head_dim, Llama may have `attention_bias` / `mlp_bia
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from vx.config import hf_head_dim, hf_num_kv_heads
+from vx.models.causal_lm import CausalLM
 from vx.models.layers.activation import SiluAndMul
 from vx.models.layers.attention import Attention
 from vx.models.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from vx.models.layers.norm import RMSNorm
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope
-from vx.models.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from vx.models.layers.vocab_embedding import VocabParallelEmbedding
 
-logger = logging.getLogger(__name__)
 
 
 def _sliding_window(config: Any, layer_idx: int) -> int | None:
@@ -146,83 +145,8 @@ class LlamaModel(nn.Module):
         return hidden_states
 
 
-def _packed_modules(stacked_params: list[tuple[str, str, str | int]]) -> dict[str, tuple[str, ...]]:
-    """Fused layer name -> the checkpoint modules it fuses, in shard order."""
-    mapping: dict[str, tuple[str, ...]] = {}
-    for fused, ckpt, _ in stacked_params:
-        mapping[fused] = mapping.get(fused, ()) + (ckpt,)
-    return mapping
-
-
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Causal LM head on `LlamaModel`; serves LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM."""
 
-    # (fused name, checkpoint name, shard id) for the weight loader.
-    _stacked_params: list[tuple[str, str, str | int]] = [
-        ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
-        ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
-    ]
-    # For quantization configs whose module lists name checkpoint modules (QuantizationConfig.packed_modules_mapping).
-    packed_modules_mapping = _packed_modules(_stacked_params)
-    # Checkpoint entries that are derived state, not weights.
-    _skip_suffixes = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
-        super().__init__()
-        self.config = hf_config
-        self.model = LlamaModel(hf_config, quant_config)
-        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size,
-                                      quant_config=None if self.tie_word_embeddings else quant_config,
-                                      prefix="lm_head")
-        if self.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
-        """Flattened batch tokens [T] at `positions` [T] -> hidden states [T, hidden]."""
-        return self.model(input_ids, positions, attn_metadata)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """float32 logits [N, vocab] for the rows that sample."""
-        return self.lm_head(hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy Hugging Face named tensors into (fused) parameters; returns the parameter names loaded."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        shards_seen: dict[str, set[str | int]] = {}
-        for name, tensor in weights:
-            if name.endswith(self._skip_suffixes):
-                continue
-            if self.tie_word_embeddings and name == "lm_head.weight":
-                continue  # the embedding holds this tensor
-            target, shard_id = name, None
-            for fused, ckpt, sid in self._stacked_params:
-                if f".{ckpt}." in name:
-                    target, shard_id = name.replace(f".{ckpt}.", f".{fused}."), sid
-                    break
-            param = params.get(target)
-            if param is None:
-                logger.warning("Ignoring checkpoint tensor %s: the model has no parameter for it.", name)
-                continue
-            loader = getattr(param, "weight_loader", default_weight_loader)
-            with torch.no_grad():
-                if shard_id is None:
-                    loader(param, tensor)
-                    loaded.add(target)
-                else:
-                    loader(param, tensor, shard_id)
-                    shards_seen.setdefault(target, set()).add(shard_id)
-        # A fused parameter counts as loaded only once every sub-projection has arrived.
-        for target, seen in shards_seen.items():
-            expected = {sid for fused, _, sid in self._stacked_params if f".{fused}." in target}
-            if seen >= expected:
-                loaded.add(target)
-        return loaded
-
-
-def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
-    """Whole-tensor copy with a shape check, for parameters without a sharding rule (norms)."""
-    if param.shape != loaded_weight.shape:
-        raise ValueError(f"checkpoint shape {tuple(loaded_weight.shape)} does not match {tuple(param.shape)}.")
-    param.data.copy_(loaded_weight)
+        super().__init__(hf_config, LlamaModel(hf_config, quant_config), quant_config)

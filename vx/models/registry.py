@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from vx.models.gemma3 import Gemma3ForCausalLM
 from vx.models.llama import LlamaForCausalLM
 from vx.models.phi3 import Phi3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

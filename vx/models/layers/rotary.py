@@ -35,10 +35,13 @@ class RopeConfig:
     params: dict[str, Any] = field(default_factory=dict)  # factor, low_freq_factor, ...
 
 
-def get_rope_config(hf_config: Any) -> RopeConfig:
-    """Read rope settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (older)."""
+def get_rope_config(hf_config: Any, layer_type: str | None = None) -> RopeConfig:
+    """Read rope settings from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (older); with
+    `layer_type`, the settings of that kind of layer where the config has one per kind (Gemma 3)."""
     params: dict[str, Any] = {}
     rp = getattr(hf_config, "rope_parameters", None)
+    if isinstance(rp, dict) and layer_type is not None and isinstance(rp.get(layer_type), dict):
+        rp = rp[layer_type]
     if isinstance(rp, dict):
         params.update(rp)
     scaling = getattr(hf_config, "rope_scaling", None)
@@ -202,7 +205,9 @@ def _swap_halves(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
-def get_rope(hf_config: Any, head_dim: int, max_position: int | None = None) -> RotaryEmbedding:
-    """Build the rotary embedding a Hugging Face config describes."""
+def get_rope(hf_config: Any, head_dim: int, max_position: int | None = None,
+             layer_type: str | None = None) -> RotaryEmbedding:
+    """Build the rotary embedding a Hugging Face config describes (for `layer_type`'s layers, see get_rope_config)."""
     max_pos = max_position or int(hf_config.max_position_embeddings)
-    return RotaryEmbedding(head_dim, max_pos, get_rope_config(hf_config), int(hf_config.max_position_embeddings))
+    return RotaryEmbedding(head_dim, max_pos, get_rope_config(hf_config, layer_type),
+                           int(hf_config.max_position_embeddings))
