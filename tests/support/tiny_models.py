@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3", "gemma3")
+FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3", "gemma3", "qwen3_moe", "mixtral")
 # The families every engine-level test runs (a session fixture each): one per model class and weight layout.
-ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")
+ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_moe", "mixtral")
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -55,16 +55,24 @@ _FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0,
                                                        "factor": 8.0}}),
+    # Mixture-of-experts: 4 experts, 2 per token; Qwen3-MoE with one dense layer (mlp_only_layers) among the sparse
+    # ones and renormalised top-k weights, Mixtral with a window shorter than the prompts.
+    "qwen3_moe": dict(num_hidden_layers=3, head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                      decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
 }
 
 
 def make_tiny_config(family: str, **overrides: Any) -> Any:
     """The transformers config of a tiny model of `family` (see FAMILIES)."""
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config,
+                              Qwen3Config, Qwen3MoeConfig)
 
     classes = {"llama": LlamaConfig, "llama3_tied": LlamaConfig, "mistral": MistralConfig,
                "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_yarn": Qwen3Config, "phi3": Phi3Config,
-               "gemma3": Gemma3TextConfig}
+               "gemma3": Gemma3TextConfig, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig}
     if family not in classes:
         raise ValueError(f"Unknown tiny model family {family!r}; choose from {FAMILIES}.")
     kwargs = {**_COMMON, **_FAMILY_OVERRIDES[family], **overrides}

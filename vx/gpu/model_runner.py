@@ -66,6 +66,7 @@ class ModelRunner:
         if when not in ("background", "startup", "off"):
             raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
         if (self.config.device_config.enforce_eager or when == "off"
+                or not getattr(self.model, "supports_decode_graphs", True)
                 or not self.attn_backend.supports_decode_graphs(self.device.type)):
             return
         max_blocks = -(-self.model_config.max_model_len // self.block_size)

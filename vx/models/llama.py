@@ -7,7 +7,7 @@ q/k RMSNorm and an explicit head_dim, Llama may have `attention_bias` / `mlp_bia
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -71,7 +71,7 @@ class LlamaAttention(nn.Module):
                                         quant_config=quant_config, prefix=f"{prefix}.o_proj")
         self.q_size = self.qkv_proj.q_size
         self.kv_size = self.qkv_proj.kv_size
-        self.use_qk_norm = model_type == "qwen3"
+        self.use_qk_norm = model_type in ("qwen3", "qwen3_moe")
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -100,11 +100,13 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm decoder layer; the residual add is fused into the next norm."""
 
     def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "", mlp: nn.Module | None = None,
+                 ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)),
-                            quant_config, f"{prefix}.mlp")
+        self.mlp = mlp if mlp is not None else LlamaMLP(
+            config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), quant_config,
+            f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -122,15 +124,18 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm."""
+    """Embedding, decoder layers and final norm; `mlp_for_layer(layer_idx, prefix)` gives a layer another MLP (the
+    experts of a mixture-of-experts family), or None for the dense one."""
 
-    def __init__(self, config: Any, quant_config: QuantizationConfig | None = None, prefix: str = "model") -> None:
+    def __init__(self, config: Any, quant_config: QuantizationConfig | None = None, prefix: str = "model",
+                 mlp_for_layer: Callable[[int, str], nn.Module | None] | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=quant_config,
                                                    prefix=f"{prefix}.embed_tokens")
         self.rotary_emb = get_rope(config, hf_head_dim(config))
+        mlp_for_layer = mlp_for_layer or (lambda layer_idx, mlp_prefix: None)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb, quant_config,
-                                                      f"{prefix}.layers.{i}")
+                                                      f"{prefix}.layers.{i}", mlp_for_layer(i, f"{prefix}.layers.{i}.mlp"))
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -1,0 +1,89 @@
+"""Mixture-of-experts MLP: top-k routing, then every expert runs once on all the tokens routed to it.
+
+The experts' weights are stacked ([E, 2I, H] gate|up and [E, H, I] down), loaded expert by expert from checkpoints
+that name them one by one. A forward sorts the (token, slot) assignments by expert, and each expert with tokens
+multiplies its rows in one matmul pair: a step's cost is one GEMM per active expert, not one per token. Experts
+run in ascending order and their weighted outputs are summed with `index_add_`, as Hugging Face's reference
+does, so float32 results agree to rounding.
+
+Tensor parallelism would split each expert along its intermediate dimension (gate|up by rows, down by columns)
+and all-reduce the output, as the row-parallel linear does; the loader already takes a rank's slice. The loop
+reads the per-expert counts on the host, so this layer runs eagerly (no decode graph); a Triton grouped-GEMM path
+for CUDA is not written yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_SHARDS = ("w1", "w3", "w2")  # gate, up, down: the names vLLM and Mixtral use
+
+
+class FusedMoE(nn.Module):
+    """The experts of one MoE layer: `forward(hidden [T, H], router_logits [T, E]) -> [T, H]`."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool, tp_size: int = 1, tp_rank: int = 0, prefix: str = "") -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"{prefix}: top_k={top_k} for {num_experts} experts.")
+        if intermediate_size % tp_size:
+            raise ValueError(f"{prefix}: intermediate size {intermediate_size} does not split over {tp_size} ranks.")
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.intermediate_per_rank = intermediate_size // tp_size
+        self.tp_rank = tp_rank
+        self.prefix = prefix
+        dtype = torch.get_default_dtype()
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate_per_rank, hidden_size,
+                                                   dtype=dtype), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate_per_rank, dtype=dtype),
+                                      requires_grad=False)
+        for param in (self.w13_weight, self.w2_weight):
+            param.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        """Copy one expert's gate (w1), up (w3) or down (w2) weight, this rank's slice of it, into the stack."""
+        if shard_id not in _SHARDS or not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"{self.prefix}: no expert weight {shard_id!r} of expert {expert_id}.")
+        size = self.intermediate_per_rank
+        if shard_id == "w2":
+            target = param.data[expert_id]
+            source = loaded_weight.narrow(1, self.tp_rank * size, size)
+        else:
+            half = 0 if shard_id == "w1" else 1
+            target = param.data[expert_id].narrow(0, half * size, size)
+            source = loaded_weight.narrow(0, self.tp_rank * size, size)
+        if target.shape != source.shape:
+            raise ValueError(f"{self.prefix}: expert {expert_id} {shard_id} has shape {tuple(loaded_weight.shape)}, "
+                             f"expected a slice of {tuple(target.shape)}.")
+        target.copy_(source)
+
+    def route(self, router_logits: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in `dtype`, expert ids [T, k]): softmax in float32, top-k, renormalised if asked."""
+        probs = torch.softmax(router_logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(dtype), experts
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """The routed experts' outputs, weighted and summed per token."""
+        weights, experts = self.route(router_logits, hidden_states.dtype)
+        flat_experts = experts.reshape(-1)
+        order = torch.argsort(flat_experts, stable=True)
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
+        token_of = order // self.top_k  # the token each sorted assignment belongs to
+        weight_of = weights.reshape(-1)[order]
+        out = torch.zeros_like(hidden_states)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of[start:start + count]
+            gate, up = F.linear(hidden_states[tokens], self.w13_weight[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.w2_weight[expert])
+            out.index_add_(0, tokens, y * weight_of[start:start + count, None])
+            start += count
+        return out

@@ -1,0 +1,114 @@
+"""Mixture-of-experts families on the Llama layers: Qwen3-MoE and Mixtral.
+
+Their attention is Qwen3's (q/k norms) and Mistral's; their MLP is a router (a linear layer to one logit per
+expert) feeding `FusedMoE`. Qwen3-MoE renormalises the top-k weights when `norm_topk_prob` says so and keeps
+dense MLPs on its `mlp_only_layers` and off its `decoder_sparse_step`; Mixtral always renormalises and calls its
+MLP `block_sparse_moe`, its experts' projections w1 (gate), w3 (up) and w2 (down). Checkpoints name each expert's
+weights one by one; they are stacked per layer as they load.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from vx.models.causal_lm import CausalLM
+from vx.models.layers.fused_moe import FusedMoE
+from vx.models.layers.linear import ReplicatedLinear
+from vx.models.layers.quantization import QuantizationConfig
+from vx.models.llama import LlamaModel
+
+# A checkpoint's expert weight: (layer prefix, expert id, projection).
+_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
+
+
+class MoEMLP(nn.Module):
+    """Router then experts."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
+                 prefix: str) -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate")
+        self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize,
+                                prefix=f"{prefix}.experts")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The top-k experts' weighted outputs for each token of x [T, hidden]."""
+        return self.experts(x, self.gate(x))
+
+
+class MoECausalLM(CausalLM):
+    """Loading for checkpoints whose experts come one tensor per expert and projection."""
+
+    supports_decode_graphs = False  # the experts' loop reads per-expert counts on the host
+    _mlp_name = "mlp"  # what the checkpoint calls a layer's MLP
+
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None, mlp_for_layer: Any) -> None:
+        if quant_config is not None:
+            raise ValueError("Quantized mixture-of-experts checkpoints are not supported yet: load a float one.")
+        super().__init__(hf_config, LlamaModel(hf_config, None, mlp_for_layer=mlp_for_layer))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Stack each expert's projections into its layer's `FusedMoE`; the rest loads as for Llama."""
+        params = dict(self.named_parameters())
+        expected: dict[str, int] = {}
+        seen: dict[str, set[tuple[int, str]]] = {}
+
+        def others() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                name = name.replace(f".{self._mlp_name}.", ".mlp.")
+                match = _EXPERT.match(name)
+                if match is None:
+                    yield name, tensor
+                    continue
+                layer, expert, projection = match.group(1), int(match.group(2)), match.group(3)
+                shard = _SHARD_OF[projection]
+                target = f"{layer}.experts.{'w2' if shard == 'w2' else 'w13'}_weight"
+                param = params.get(target)
+                if param is None:
+                    raise ValueError(f"{name}: the model has no experts at {layer}.")
+                with torch.no_grad():
+                    param.weight_loader(param, tensor, shard, expert)
+                expected[target] = param.shape[0] * (1 if shard == "w2" else 2)
+                seen.setdefault(target, set()).add((expert, shard))
+
+        loaded = super().load_weights(others())
+        # A stack counts as loaded once every expert's projections have arrived.
+        loaded.update(target for target, got in seen.items() if len(got) == expected[target])
+        return loaded
+
+
+class Qwen3MoeForCausalLM(MoECausalLM):
+    """Serves Qwen3MoeForCausalLM (Qwen3-30B-A3B and its kin)."""
+
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
+        config = hf_config
+        dense = set(getattr(config, "mlp_only_layers", None) or ())
+        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+
+        def mlp_for_layer(layer_idx: int, prefix: str) -> nn.Module | None:
+            if layer_idx in dense or config.num_experts == 0 or (layer_idx + 1) % step:
+                return None
+            return MoEMLP(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                          config.moe_intermediate_size, bool(config.norm_topk_prob), prefix)
+
+        super().__init__(hf_config, quant_config, mlp_for_layer)
+
+
+class MixtralForCausalLM(MoECausalLM):
+    """Serves MixtralForCausalLM (Mixtral 8x7B, 8x22B)."""
+
+    _mlp_name = "block_sparse_moe"
+
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
+        config = hf_config
+
+        def mlp_for_layer(layer_idx: int, prefix: str) -> nn.Module:
+            return MoEMLP(config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
+                          config.intermediate_size, True, prefix)
+
+        super().__init__(hf_config, quant_config, mlp_for_layer)
