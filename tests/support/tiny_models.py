@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3", "gemma3", "qwen3_moe", "mixtral")
+FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3", "gemma2", "gemma3", "qwen3_moe", "mixtral")
 # The families every engine-level test runs (a session fixture each): one per model class and weight layout.
-ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "qwen3_moe", "mixtral")
+ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe", "mixtral")
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -47,6 +47,12 @@ _FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                                   "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                   "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]}),
+    # Gemma 2: sliding (window 8) and global layers, attention scores and final logits soft-capped low enough that
+    # the caps bite on these weights.
+    "gemma2": dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"], tie_word_embeddings=True,
+                   attn_logit_softcapping=5.0, final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh",
+                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
     # Gemma 3: sliding (window 8, shorter than the prompts) and global layers, each kind with its own rope base
     # (the global one linearly scaled, as in the 4B+ models), q/k norms, soft-capped final logits.
     "gemma3": dict(num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
@@ -67,12 +73,12 @@ _FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
 
 def make_tiny_config(family: str, **overrides: Any) -> Any:
     """The transformers config of a tiny model of `family` (see FAMILIES)."""
-    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config,
+    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config,
                               Qwen3Config, Qwen3MoeConfig)
 
     classes = {"llama": LlamaConfig, "llama3_tied": LlamaConfig, "mistral": MistralConfig,
                "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_yarn": Qwen3Config, "phi3": Phi3Config,
-               "gemma3": Gemma3TextConfig, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig}
+               "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig}
     if family not in classes:
         raise ValueError(f"Unknown tiny model family {family!r}; choose from {FAMILIES}.")
     kwargs = {**_COMMON, **_FAMILY_OVERRIDES[family], **overrides}

@@ -71,7 +71,8 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
         cache = _zeroed(shape, cache_dtype, torch.device(device))
         layer.kv_cache = cache
         layer.impl = impl_cls(layer.num_heads, layer.head_dim, layer.scale, layer.num_kv_heads,
-                              sliding_window=layer.sliding_window, kv_cache_dtype=kv_cache_dtype)
+                              sliding_window=layer.sliding_window, kv_cache_dtype=kv_cache_dtype,
+                              logits_soft_cap=layer.logits_soft_cap)
         caches.append(cache)
     return caches
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from vx.models.gemma3 import Gemma3ForCausalLM
+from vx.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from vx.models.llama import LlamaForCausalLM
 from vx.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM
 from vx.models.phi3 import Phi3ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,

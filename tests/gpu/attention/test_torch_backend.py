@@ -23,8 +23,9 @@ BLOCK_SIZE = 4
 NUM_BLOCKS = 40
 
 
-def _reference(q, k_full, v_full, computed, scale, window):
-    """q [n, H, D] of positions computed..computed+n-1; k/v_full [computed+n, Hk, D]."""
+def _reference(q, k_full, v_full, computed, scale, window, soft_cap=None):
+    """q [n, H, D] of positions computed..computed+n-1; k/v_full [computed+n, Hk, D]; scores soft-capped
+    (cap * tanh(scores / cap)) when `soft_cap` is set."""
     h, hk = q.shape[1], k_full.shape[1]
     k = k_full.repeat_interleave(h // hk, dim=1).float()
     v = v_full.repeat_interleave(h // hk, dim=1).float()
@@ -33,6 +34,8 @@ def _reference(q, k_full, v_full, computed, scale, window):
         pos = computed + j
         lo = 0 if window is None else max(0, pos - window + 1)
         scores = torch.einsum("hd,lhd->hl", q[j].float(), k[lo:pos + 1]) * scale
+        if soft_cap is not None:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
         out[j] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v[lo:pos + 1])
     return out
 
@@ -52,14 +55,18 @@ BACKENDS = [TorchAttentionBackend, pytest.param(CpuAttentionBackend, marks=pytes
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=["torch", "cpu"])
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("heads,window,dtype,kv_cache_dtype", [
-    ((4, 2), None, torch.float32, "auto"), ((2, 2), None, torch.float32, "auto"), ((4, 2), 5, torch.float32, "auto"),
-    ((2, 2), 5, torch.float32, "auto"), ((4, 2), None, torch.bfloat16, "auto"),
-    ((4, 2), None, torch.float32, "fp8_e4m3"), ((2, 2), 5, torch.float32, "fp8_e4m3"),
-    ((4, 2), None, torch.bfloat16, "fp8_e4m3"),
-    ((4, 2), None, torch.float32, "int8"), ((2, 2), 5, torch.float32, "int8"), ((4, 2), None, torch.bfloat16, "int8"),
+@pytest.mark.parametrize("heads,window,dtype,kv_cache_dtype,soft_cap", [
+    ((4, 2), None, torch.float32, "auto", None), ((2, 2), None, torch.float32, "auto", None),
+    ((4, 2), 5, torch.float32, "auto", None), ((2, 2), 5, torch.float32, "auto", None),
+    ((4, 2), None, torch.bfloat16, "auto", None),
+    ((4, 2), None, torch.float32, "fp8_e4m3", None), ((2, 2), 5, torch.float32, "fp8_e4m3", None),
+    ((4, 2), None, torch.bfloat16, "fp8_e4m3", None),
+    ((4, 2), None, torch.float32, "int8", None), ((2, 2), 5, torch.float32, "int8", None),
+    ((4, 2), None, torch.bfloat16, "int8", None),
+    # Gemma 2's attention soft-capping, with and without a window (a cap of 1 bends every score here).
+    ((4, 2), None, torch.float32, "auto", 1.0), ((2, 2), 5, torch.float32, "auto", 1.0),
 ])
-def test_matches_naive_attention(case, heads, window, dtype, kv_cache_dtype, backend):
+def test_matches_naive_attention(case, heads, window, dtype, kv_cache_dtype, soft_cap, backend):
     """Against a naive softmax over the keys and values the cache gives back (for "auto" the exact ones)."""
     torch.manual_seed(0)
     computed, new = CASES[case]
@@ -90,7 +97,8 @@ def test_matches_naive_attention(case, heads, window, dtype, kv_cache_dtype, bac
     q = torch.randn(n_tok, h, d).to(dtype)
     k = torch.cat([fk[c:] for fk, c in zip(full_k, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
     v = torch.cat([fv[c:] for fv, c in zip(full_v, computed)] + [torch.full((pad, hk, d), 99.0, dtype=dtype)])
-    impl = backend.get_impl_cls()(h, d, scale, hk, sliding_window=window, kv_cache_dtype=kv_cache_dtype)
+    impl = backend.get_impl_cls()(h, d, scale, hk, sliding_window=window, kv_cache_dtype=kv_cache_dtype,
+                                  logits_soft_cap=soft_cap)
     md = backend.build_metadata(common)
     out = impl.forward(None, q.reshape(n_tok, -1), k.reshape(n_tok, -1), v.reshape(n_tok, -1), cache, md)
     assert out.shape == (n_tok, h * d) and out.dtype == dtype
@@ -99,7 +107,7 @@ def test_matches_naive_attention(case, heads, window, dtype, kv_cache_dtype, bac
     written = []
     for i, (c, bt) in enumerate(zip(computed, tables)):
         read_back_k, read_back_v = (fmt.load(stored(x), dtype) for x in (full_k[i], full_v[i]))
-        ref = _reference(q[qsl[i]:qsl[i + 1]], read_back_k, read_back_v, c, scale, window)
+        ref = _reference(q[qsl[i]:qsl[i + 1]], read_back_k, read_back_v, c, scale, window, soft_cap)
         torch.testing.assert_close(out[qsl[i]:qsl[i + 1]].float(), ref.reshape(-1, h * d), atol=atol, rtol=0)
         slots = [bt[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(c + new[i])]
         assert torch.equal(k_cache[slots], as_bytes(stored(full_k[i])))
@@ -156,3 +164,10 @@ def test_selector():
     with pytest.raises(ValueError, match="Unknown"):
         get_attn_backend("xformers", "cpu")
     assert isinstance(make_common_metadata([0], [2], [[0]], BLOCK_SIZE), CommonAttentionMetadata)
+
+
+def test_backends_without_soft_capping_refuse_a_capped_layer():
+    from vx.gpu.attention.triton_backend import TritonAttentionBackend
+
+    with pytest.raises(ValueError, match="soft-capping"):
+        TritonAttentionBackend.get_impl_cls()(4, 16, 0.25, 2, logits_soft_cap=50.0)

@@ -99,13 +99,21 @@ def slot_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class AttentionImpl(ABC):
     """Per-layer attention computation of a backend (stateless apart from the layer's shape)."""
 
+    # Whether the impl applies attention-logit soft-capping (Gemma 2: scores -> cap * tanh(scores / cap)).
+    supports_logits_soft_cap = False
+
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
-                 sliding_window: int | None = None, kv_cache_dtype: str = "auto") -> None:
+                 sliding_window: int | None = None, kv_cache_dtype: str = "auto",
+                 logits_soft_cap: float | None = None) -> None:
+        if logits_soft_cap is not None and not self.supports_logits_soft_cap:
+            raise ValueError(f"{type(self).__name__} does not apply attention-logit soft-capping "
+                             f"(logits_soft_cap={logits_soft_cap}, Gemma 2): use attention_backend='torch' or 'cpu'.")
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
         self.kv_format = kv_cache_format(kv_cache_dtype)  # how its kv_cache stores K and V
 
     @abstractmethod

@@ -81,6 +81,8 @@ class CpuAttentionImpl(TorchAttentionImpl):
         """A decode graph's step in one operator call (k/v write and attention); any other step as the torch
         backend, with decodes through the kernel."""
         if isinstance(attn_metadata, DecodeGraphMetadata):
+            if self.logits_soft_cap is not None:
+                raise ValueError("a soft-capped layer cannot run in a decode graph (the model should have said so).")
             md = attn_metadata
             return torch.ops.vx.paged_decode_attention(q, k, v, kv_cache, md.slot_mapping, md.block_table,
                                                        md.seq_lens, self.scale, self.sliding_window or 0,
@@ -89,7 +91,8 @@ class CpuAttentionImpl(TorchAttentionImpl):
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, md: Any, out: torch.Tensor) -> None:
         kernel = load_paged_decode_kernel()
-        if (kernel is not None and md.decode_rows is not None
+        # The kernel does not soft-cap scores: such layers (Gemma 2) decode through the torch path.
+        if (kernel is not None and md.decode_rows is not None and self.logits_soft_cap is None
                 and kernel(q, md.decode_rows, kv_cache, md.decode_block_table, md.decode_seq_lens, self.scale,
                            self.sliding_window, out, self.num_heads, self.kv_format)):
             return

@@ -187,8 +187,29 @@ def gather(cache: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return as_bytes(cache).index_select(dim, index).view(cache.dtype)
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+            soft_cap: float | None, gqa: bool) -> torch.Tensor:
+    """softmax(q k^T * scale) v over [..., heads, L, d] tensors (mask: True = attend; None = top-left causal);
+    with `soft_cap`, the scores become cap * tanh(scores / cap) first, which SDPA cannot do."""
+    if soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=gqa)
+    if gqa:
+        repeat = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(repeat, dim=-3), v.repeat_interleave(repeat, dim=-3)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = torch.tanh(scores / soft_cap) * soft_cap
+    if mask is None:
+        q_len, kv_len = scores.shape[-2:]
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+
 class TorchAttentionImpl(AttentionImpl):
     """Per-layer forward of the torch backend."""
+
+    supports_logits_soft_cap = True
 
     def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TorchAttentionMetadata) -> torch.Tensor:
@@ -218,8 +239,7 @@ class TorchAttentionImpl(AttentionImpl):
             kp = kp.transpose(0, 1).unsqueeze(0)
             vp = vp.transpose(0, 1).unsqueeze(0)
             mask = md.prefill_mask(i, self.sliding_window, q.device)
-            o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=mask is None,
-                                               scale=self.scale, enable_gqa=gqa)
+            o = _attend(qp, kp, vp, mask, self.scale, self.logits_soft_cap, gqa)
             out[p.start:p.end] = o[0].transpose(0, 1).reshape(p.q_len, h * d)
         return out
 
@@ -236,6 +256,6 @@ class TorchAttentionImpl(AttentionImpl):
             kv = gather(kv_cache, 1, grp.blocks.flatten()).view(2, n, length, hk, kv_cache.shape[-1])
             kv = self.kv_format.load(kv, q.dtype)
             kd, vd = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [G, hk, L, d]
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=md.decode_mask(g, self.sliding_window),
-                                               scale=self.scale)
+            o = _attend(qd, kd, vd, md.decode_mask(g, self.sliding_window), self.scale, self.logits_soft_cap,
+                        False)
             out[grp.rows] = o.reshape(n, self.num_heads * d)

@@ -21,7 +21,8 @@ class Attention(nn.Module):
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None,
-                 layer_idx: int = 0, sliding_window: int | None = None) -> None:
+                 layer_idx: int = 0, sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                 ) -> None:
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
         if num_heads % num_kv_heads:
@@ -32,6 +33,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.layer_idx = layer_idx
         self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2)
         # Bound later by the GPU side; a plain attribute (not a buffer) so state_dict never sees it.
         self.impl: Any = None
         self.kv_cache: torch.Tensor | None = None
@@ -46,4 +48,4 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"layer={self.layer_idx}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, sliding_window={self.sliding_window}")
+                f"head_dim={self.head_dim}, sliding_window={self.sliding_window}, soft_cap={self.logits_soft_cap}")
