@@ -90,3 +90,26 @@ def test_seeded_sampling_survives_preemption(tiny_model_dir):
     tight, tight_stats = run(num_kv_blocks=14)
     assert roomy_stats.num_preemptions == 0 and tight_stats.num_preemptions > 0
     assert tight == roomy
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_logprobs_equal_hf(tiny_model_dirs, family):
+    """Every prompt token's logprob and the top-3 alternatives equal Hugging Face's log-softmax within 1e-4, with
+    chunked prefill (16-token chunks) and prompts that share a cached prefix."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = _prompts()[3:]  # 17 to 61 tokens: across the chunks, the sliding windows and the shared prefix
+    llm = vx.LLM(tiny_model_dirs[family], dtype="float32", device="cpu", max_num_batched_tokens=16)
+    try:
+        outs = llm.generate(prompts, vx.SamplingParams(max_tokens=1, prompt_logprobs=3), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[family], dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            want = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        assert out.prompt_logprobs[0] is None
+        for position, entry in enumerate(out.prompt_logprobs[1:], start=1):
+            assert prompt[position] in entry
+            for token_id, lp in entry.items():
+                assert abs(lp.logprob - want[position - 1, token_id].item()) < 1e-4, (family, position, token_id)
