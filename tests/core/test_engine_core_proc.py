@@ -1,4 +1,4 @@
-"""EngineCoreProc in its spawned process, driven over its raw sockets: handshake, malformed input, idling,
+"""EngineCoreProc in its own process, driven over its raw sockets: handshake, malformed input, idling,
 engine faults, parent death, graceful shutdown."""
 
 from __future__ import annotations
