@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from tests.support.engine_processes import ENGINE_KWARGS, process_gone, wait_until
+from tests.support.engine_processes import ENGINE_KWARGS, kill_parent_expect_engine_gone
 
 # No `if __name__ == "__main__":` anywhere: with a multiprocessing spawn the engine process re-imported this
 # module (or could not find `<stdin>`) and failed to start.
@@ -126,33 +126,24 @@ _FORKING_APP = textwrap.dedent("""
     llm.generate(["hello"], vx.SamplingParams(max_tokens=2), use_tqdm=False)
     sleeper = os.fork()
     if sleeper == 0:
-        time.sleep(600)
+        time.sleep(120)
         os._exit(0)
-    print(llm.llm_engine.engine_core.engine.proc.pid, sleeper, flush=True)
+    with open(sys.argv[4], "w") as f:
+        f.write(str(sleeper))
+    print(llm.llm_engine.engine_core.engine.proc.pid, flush=True)
     time.sleep(600)
 """)
 
 
 def test_the_engine_exits_when_the_application_dies_despite_a_fork(tiny_model_dir, tmp_path):
-    ipc_root = tmp_path / "ipc"
+    ipc_root, sleeper_file = tmp_path / "ipc", tmp_path / "sleeper.pid"
     ipc_root.mkdir()
-    app = subprocess.Popen([sys.executable, "-", tiny_model_dir, str(ipc_root), json.dumps(ENGINE_KWARGS)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
-    sleeper = None
+    app = subprocess.Popen([sys.executable, "-", tiny_model_dir, str(ipc_root), json.dumps(ENGINE_KWARGS),
+                            str(sleeper_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
     try:
         app.stdin.write(_FORKING_APP)
         app.stdin.close()
-        line = app.stdout.readline().split()
-        assert len(line) == 2, "the application failed to start its engine"
-        engine, sleeper = int(line[0]), int(line[1])
-        assert not process_gone(engine) and len(os.listdir(ipc_root)) == 1
-        app.send_signal(signal.SIGKILL)
-        app.wait(10)
-        assert wait_until(lambda: process_gone(engine), timeout=5.0), "the engine outlived its application"
-        assert wait_until(lambda: not os.listdir(ipc_root), timeout=2.0), "the ipc dir was left behind"
+        kill_parent_expect_engine_gone(app, str(ipc_root))
     finally:
-        if app.poll() is None:
-            app.kill()
-            app.wait()
-        if sleeper is not None:
-            os.kill(sleeper, signal.SIGKILL)
+        if sleeper_file.exists():
+            os.kill(int(sleeper_file.read_text()), signal.SIGKILL)

@@ -28,8 +28,10 @@ class EngineChild:
     def __init__(self, config_bytes: bytes, input_addr: str, output_addr: str, ipc_dir: str) -> None:
         sentinel_r, sentinel_w = os.pipe()
         try:
+            # The interpreter's flags (-X, -W, -O, ...) carry over, as multiprocessing's spawn carries them.
+            flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", _ENGINE_MODULE], stdin=subprocess.PIPE, pass_fds=(sentinel_w,),
+                [sys.executable, *flags, "-m", _ENGINE_MODULE], stdin=subprocess.PIPE, pass_fds=(sentinel_w,),
                 env=_engine_env())
         except BaseException:
             os.close(sentinel_r)
