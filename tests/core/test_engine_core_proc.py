@@ -184,6 +184,13 @@ def test_idle_engine_sleeps(engine):
     assert used < 0.05 * 2.0, f"idle engine used {used:.3f} s of CPU in 2 s"
 
 
+def test_ctrl_c_belongs_to_the_application(engine):
+    """Ctrl-C reaches the whole foreground process group: the engine ignores it and keeps serving."""
+    os.kill(engine.proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    assert engine.proc.is_alive() and len(run_to_end(engine, "after-ctrl-c", max_tokens=3)) == 3
+
+
 def test_graceful_shutdown_cleans_up(engine, caplog):
     """Keep last in the module: stops the shared engine."""
     caplog.set_level(logging.WARNING)
