@@ -147,6 +147,15 @@ def test_online_an_id_downloads_only_when_resolved_not_when_validated(online, ti
     assert "*.safetensors" in patterns and "*.json" in patterns and not any("bin" in p for p in patterns)
 
 
+def test_a_tokenizer_by_id_resolves_like_a_model(online, tiny_model_dir):
+    hub = online(tiny_model_dir)
+    assert model_source.resolve_tokenizer(REPO_ID) == tiny_model_dir
+    assert model_source.resolve_tokenizer(tiny_model_dir) == tiny_model_dir  # a directory stays as it is
+    assert [d["repo_id"] for d in hub.downloads] == [REPO_ID]
+    config = vx.EngineArgs(model=tiny_model_dir, tokenizer=REPO_ID, device="cpu").create_config(light=True)
+    assert config.model_config.tokenizer == tiny_model_dir
+
+
 def test_online_a_failed_download_names_the_id(online):
     online(None)
     with pytest.raises(ValueError, match=r"model 'vx-tests/tiny-qwen3' is neither a local path nor in the Hugging "

@@ -83,6 +83,16 @@ def resolve_model(model: str | os.PathLike | None, convert: bool = True) -> str:
     return path
 
 
+def resolve_tokenizer(tokenizer: str | os.PathLike) -> str:
+    """Turn the user's `tokenizer=` (a directory, or a Hugging Face id, as for `model=`) into a local directory."""
+    path = os.path.abspath(os.path.expanduser(os.fspath(tokenizer)))
+    if os.path.exists(path) or not is_hub_id(os.fspath(tokenizer)):
+        return path  # load_tokenizer says what is wrong with it, if anything
+    folder = hub_model_dir(os.fspath(tokenizer), download=True)
+    assert folder is not None  # with download=True it is a folder or a ValueError
+    return folder
+
+
 def gguf_config_dir_for(gguf_path: str) -> str:
     """The cache folder for one GGUF file's config, keyed by its path, size and modification time."""
     st = os.stat(gguf_path)
