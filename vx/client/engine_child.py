@@ -47,6 +47,11 @@ class EngineChild:
             self._popen.stdin.flush()
         except BrokenPipeError:  # it died at once; the handshake reports how, through the sentinel
             pass
+        except BaseException:  # interrupted mid-message: this engine cannot start, stop it
+            self.kill()
+            self.join()
+            self.close()
+            raise
 
     @property
     def pid(self) -> int:
