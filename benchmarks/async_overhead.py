@@ -221,5 +221,5 @@ def main(argv: list[str] | None = None) -> None:
     report(label, inproc, asyn, wl, args).print()
 
 
-if __name__ == "__main__":  # the engine process is spawned: this module must not run main() on import
+if __name__ == "__main__":
     main()

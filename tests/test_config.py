@@ -147,7 +147,7 @@ def _leaves(value: Any, path: str = "config") -> dict[str, Any]:
 
 
 def test_every_config_field_reaches_the_engine_process_as_sent(tiny_model_dir):
-    """The engine process gets the front end's `VxConfig` whole (`encode_config` in the spawn args, `decode_config`
+    """The engine process gets the front end's `VxConfig` whole (`encode_config` in its startup message, `decode_config`
     in `run_engine_core_proc`): every field of every part, each set here to a value that is not the default (the
     fields are read from the Structs, so a new one is covered as soon as it exists), comes back equal."""
     config = EngineArgs(model=tiny_model_dir, device="cpu").create_config()

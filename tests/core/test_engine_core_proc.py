@@ -1,4 +1,4 @@
-"""EngineCoreProc in its spawned process, driven over its raw sockets: handshake, malformed input, idling,
+"""EngineCoreProc in its own process, driven over its raw sockets: handshake, malformed input, idling,
 engine faults, parent death, graceful shutdown."""
 
 from __future__ import annotations
@@ -182,6 +182,13 @@ def test_idle_engine_sleeps(engine):
     time.sleep(2.0)
     used = cpu_seconds(engine.proc.pid) - before
     assert used < 0.05 * 2.0, f"idle engine used {used:.3f} s of CPU in 2 s"
+
+
+def test_ctrl_c_belongs_to_the_application(engine):
+    """Ctrl-C reaches the whole foreground process group: the engine ignores it and keeps serving."""
+    os.kill(engine.proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    assert engine.proc.is_alive() and len(run_to_end(engine, "after-ctrl-c", max_tokens=3)) == 3
 
 
 def test_graceful_shutdown_cleans_up(engine, caplog):

@@ -37,8 +37,8 @@ class AsyncLLM:
 
     The constructor only validates the arguments; entering the context starts the engine process without
     blocking the event loop, and leaving it shuts the engine down. Use it from one event loop (thread).
-    The engine process is spawned, which re-imports a script's main module: guard the script's entry point
-    with `if __name__ == "__main__":`.
+    The engine process starts as its own module (`vx.core.engine_main`) and never re-imports the application's
+    main module: a script needs no `if __name__ == "__main__":` guard.
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:

@@ -1,7 +1,7 @@
 """Clients of the engine core: in the same process, or over ZMQ to a background process.
 
 `InprocClient` steps the engine in the caller's thread. `SyncMPClient` (for `vx.LLM(multiprocess=True)`) and
-`AsyncMPClient` (for `AsyncLLM`, on asyncio or trio through anyio) talk to an `EngineCoreProc` in a spawned
+`AsyncMPClient` (for `AsyncLLM`, on asyncio or trio through anyio) talk to an `EngineCoreProc` in a background
 process; see `vx.client.engine_process` for the process, its sockets and how its death is noticed.
 """
 
@@ -162,7 +162,7 @@ class SyncMPClient(_EngineProcessClient):
 class AsyncMPClient(_EngineProcessClient):
     """The engine in a background process, for async callers on any anyio backend (asyncio, trio).
 
-    The constructor blocks (spawn + handshake): run it via `anyio.to_thread`. The owner runs two tasks:
+    The constructor blocks (launch + handshake): run it via `anyio.to_thread`. The owner runs two tasks:
     one reader looping over `get_output_async()` and `watch_engine()`, which notices the process exiting
     (even by SIGKILL, which sends nothing) through its sentinel. `add_request`/`abort_requests` are synchronous
     and never block; `abort_requests` works from any thread, finalizers included.

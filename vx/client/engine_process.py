@@ -1,7 +1,8 @@
-"""The background engine process as the client sees it: spawn, handshake, sockets, death, shutdown.
+"""The background engine process as the client sees it: launch, handshake, sockets, death, shutdown.
 
 Both multiprocess clients (`SyncMPClient`, `AsyncMPClient`) own one `EngineProcess`. The client binds two ZMQ
-sockets on `ipc://` paths inside a private temporary directory (mode 0700) and spawns `EngineCoreProc`, which
+sockets on `ipc://` paths inside a private temporary directory (mode 0700) and launches the engine process
+(`EngineChild`: `python -m vx.core.engine_main`, never a re-import of the application's main module), which
 connects to them: PUSH (client) -> PULL (engine) for requests, PUSH (engine) -> PULL (client) for outputs.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
@@ -21,8 +21,8 @@ from typing import Any
 
 import zmq
 
+from vx.client.engine_child import EngineChild
 from vx.config import VxConfig, encode_config
-from vx.core.engine_core import run_engine_core_proc
 from vx.core.protocol import EngineCoreOutputs, EngineCoreReady, EngineCoreRequestType, OutputDecoder, encode_input
 from vx.errors import EngineDeadError
 
@@ -38,7 +38,7 @@ class EngineCoreError(RuntimeError):
 
 
 class EngineProcess:
-    """One spawned engine process and the client's end of its sockets.
+    """One engine process and the client's end of its sockets.
 
     The constructor blocks until the engine's ready handshake (run it in a worker thread from async code),
     unless `wait=False`: then the caller does other start-up work while the engine boots, and calls
@@ -70,13 +70,10 @@ class EngineProcess:
         self._closed = False
         self.exitcode: int | None = None  # the process's exit code, once close() has reaped it
 
-        spawn = multiprocessing.get_context("spawn")
-        # daemon: multiprocessing's exit handler terminates it should everything else fail. The config goes
-        # whole, as msgpack bytes: the engine uses it as resolved here, so no field can be lost on the way.
-        self.proc = spawn.Process(target=run_engine_core_proc, name="vx-engine-core", daemon=True,
-                                  args=(encode_config(config), input_addr, output_addr, self.ipc_dir))
+        # The config goes whole, as msgpack bytes: the engine uses it as resolved here, so no field can be lost on
+        # the way.
         try:
-            self.proc.start()
+            self.proc = EngineChild(encode_config(config), input_addr, output_addr, self.ipc_dir)
         except BaseException:
             _cleanup(None, self.ctx, (self.input_socket, self.output_socket), self.ipc_dir)
             raise
@@ -106,7 +103,7 @@ class EngineProcess:
     def _wait_ready(self, timeout: float) -> EngineCoreReady:
         poller = zmq.Poller()
         poller.register(self.output_socket, zmq.POLLIN)
-        poller.register(self.proc.sentinel, zmq.POLLIN)
+        poller.register(self.sentinel, zmq.POLLIN)
         deadline = time.monotonic() + timeout
         exited_at: float | None = None
         while True:
@@ -114,8 +111,7 @@ class EngineProcess:
             if exited_at is not None and now - exited_at > DEATH_GRACE_S:
                 raise EngineDeadError(
                     f"The vx engine failed to start: {self.exit_description()} before it could report why (see "
-                    "its output above). The engine process is spawned and re-imports the main module: a script "
-                    "must guard its entry point with `if __name__ == '__main__':`.")
+                    "its output above).")
             if now > deadline:
                 raise EngineDeadError(f"The vx engine did not start within {timeout:.0f} s.")
             if exited_at is None:
@@ -128,7 +124,7 @@ class EngineProcess:
                     raise EngineDeadError(f"The vx engine failed to start: {_first_line(ready.error)}") \
                         from EngineCoreError(ready.error)
                 return ready
-            if self.proc.sentinel in events and exited_at is None:
+            if self.sentinel in events and exited_at is None:
                 exited_at = time.monotonic()  # its handshake (with the error) may still be on the way
 
     # ------------------------------------------------------------------------------------------------ send
@@ -231,14 +227,17 @@ class EngineProcess:
         self.proc.close()
 
 
-def _cleanup(proc: Any, ctx: zmq.Context, sockets: tuple[zmq.Socket, ...], ipc_dir: str) -> None:
-    """Stop the process if it still runs, and release the sockets and the ipc directory (also from GC/atexit)."""
-    if proc is not None and proc.is_alive():
-        proc.terminate()
-        proc.join(2.0)
+def _cleanup(proc: EngineChild | None, ctx: zmq.Context, sockets: tuple[zmq.Socket, ...], ipc_dir: str) -> None:
+    """Stop the process if it still runs, and release its pipes, the sockets and the ipc directory (also from
+    GC/atexit)."""
+    if proc is not None:
         if proc.is_alive():
-            proc.kill()
-            proc.join()
+            proc.terminate()
+            proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        proc.close()
     for sock in sockets:
         sock.close(linger=0)
     ctx.term()

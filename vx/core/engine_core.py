@@ -1,19 +1,13 @@
 """The engine core: scheduler + KV cache manager + executor, stepped in a loop.
 
 `EngineCore` is the in-process engine; `EngineCoreProc` (the background process served over ZMQ)
-wraps it.
+wraps it; `vx.core.engine_main` is that process's entry point.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
 import queue
-import shutil
-import signal
-import sys
 import threading
 import time
 import traceback
@@ -22,13 +16,11 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from vx import platform
 from vx.cache import KVCacheManager
-from vx.config import VxConfig, decode_config
+from vx.config import VxConfig
 from vx.executor import Executor
 from vx.core.protocol import (
     EngineCoreOutputs,
-    EngineCoreReady,
     EngineCoreRequest,
     EngineCoreRequestType,
     InputDecoder,
@@ -127,7 +119,7 @@ class EngineCore:
 _STOP = object()  # ends the output thread once everything queued before it is sent
 _FAIL = object()  # from the output thread: an output could not be encoded, so the engine must fail
 # The engine's last message (its error) must leave even though the process exits right after.
-_OUTPUT_LINGER_MS = 5000
+OUTPUT_LINGER_MS = 5000
 
 
 def describe_exception(e: BaseException) -> str:
@@ -263,58 +255,4 @@ class EngineCoreProc:
                     continue
                 sock.send(frame)
         finally:
-            sock.close(linger=_OUTPUT_LINGER_MS)
-
-
-def run_engine_core_proc(config_bytes: bytes, input_addr: str, output_addr: str, ipc_dir: str) -> None:
-    """Entry point of the engine process (a multiprocessing spawn target): build, handshake, serve, exit.
-
-    `config_bytes` is the front end's resolved `VxConfig` (`encode_config`), used here as it is.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the application, which shuts us down
-    _watch_parent(ipc_dir)
-    ctx = zmq.Context()
-    out_sock = ctx.socket(zmq.PUSH)
-    out_sock.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow reader
-    out_sock.connect(output_addr)
-    in_sock = ctx.socket(zmq.PULL)
-    in_sock.setsockopt(zmq.RCVHWM, 0)
-    in_sock.connect(input_addr)
-    try:
-        platform.prefer_passive_openmp_wait()  # before decoding the config imports transformers, hence torch
-        core = EngineCore(decode_config(config_bytes))
-    except BaseException as e:  # noqa: BLE001 - report any start-up failure through the handshake
-        logger.error("vx engine failed to start: %s", describe_exception(e))
-        out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), error=describe_exception(e))))
-        in_sock.close(linger=0)
-        out_sock.close(linger=_OUTPUT_LINGER_MS)
-        ctx.term()
-        sys.exit(1)
-    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks)))
-    code = EngineCoreProc(core, in_sock, out_sock).run()
-    # Returns once the input thread has closed its socket (it sees ETERM) and the output has flushed.
-    ctx.term()
-    # Everything is sent and released: skip the interpreter's teardown of torch & co, which takes seconds.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _watch_parent(ipc_dir: str) -> None:
-    """Exit when the parent process dies, even by SIGKILL; a daemon thread that sleeps until then."""
-    parent = multiprocessing.parent_process()
-    parent_pid = os.getppid()
-
-    def watch() -> None:
-        if parent is not None and parent.sentinel is not None:
-            # The spawn pipe from the parent: it reaches EOF (readable) only when the parent is gone.
-            multiprocessing.connection.wait([parent.sentinel])
-        else:  # pragma: no cover - spawn always provides the sentinel
-            while os.getppid() == parent_pid:
-                time.sleep(1.0)
-        shutil.rmtree(ipc_dir, ignore_errors=True)  # nobody else is left to remove it
-        os._exit(1)
-
-    threading.Thread(target=watch, name="vx-parent-watchdog", daemon=True).start()
-
+            sock.close(linger=OUTPUT_LINGER_MS)

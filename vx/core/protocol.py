@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -137,6 +137,17 @@ class EngineCoreReady(msgspec.Struct, array_like=True, omit_defaults=True, kw_on
     error: str | None = None  # set when start-up failed; the process exits right after sending it
 
 
+class EngineStartup(msgspec.Struct, array_like=True, kw_only=True):
+    """What the client hands the engine process on its stdin (length-prefixed msgpack) before anything else."""
+
+    config: bytes  # the resolved VxConfig (`encode_config`), used by the engine as it is
+    input_addr: str
+    output_addr: str
+    ipc_dir: str  # the private (0700) directory of the sockets; the engine removes it if the client dies
+    sys_path: list[str]  # the application's import path, so a `package.module:Class` backend imports the same
+    sentinel_fd: int  # the pipe end the engine holds open until it exits: the client's death notice
+
+
 # ------------------------------------------------------------------------------------------- wire format
 # Input (client -> engine): two frames, [one byte EngineCoreRequestType, msgpack payload].
 #   ADD: EngineCoreRequest, ABORT: list[str] (request ids), UTILITY: UtilityRequest, SHUTDOWN: empty.
@@ -154,6 +165,27 @@ def encode_input(request_type: EngineCoreRequestType, payload: Any = None) -> li
     """The frames of one input message (see the wire format above)."""
     body = b"" if request_type == EngineCoreRequestType.SHUTDOWN else _ENCODER.encode(payload)
     return [bytes((int(request_type),)), body]
+
+
+def encode_startup(startup: EngineStartup) -> bytes:
+    """The startup message as it goes on the engine's stdin: an 8-byte big-endian length, then msgpack."""
+    body = _ENCODER.encode(startup)
+    return len(body).to_bytes(8, "big") + body
+
+
+def read_startup(stream: BinaryIO) -> EngineStartup:
+    """Read exactly one `encode_startup` message from `stream` (the pipe stays open after it)."""
+
+    def read_exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = stream.read(n - len(data))
+            if not chunk:
+                raise EOFError("the client closed the engine's stdin before its startup message was complete")
+            data += chunk
+        return data
+
+    return msgspec.msgpack.decode(read_exactly(int.from_bytes(read_exactly(8), "big")), type=EngineStartup)
 
 
 def encode_output(msg: "EngineCoreOutputs | EngineCoreReady") -> bytes:

@@ -1,0 +1,103 @@
+"""The engine process's entry point, run as `python -m vx.core.engine_main` by `vx.client.engine_process`.
+
+Started as its own module (never as a multiprocessing target), the engine process imports nothing of the
+application: no `__main__` re-import, so scripts without an `if __name__ == "__main__":` guard, `python -`,
+`python -c` and notebooks all start it. Its stdin is a pipe from the client: first the `EngineStartup` message,
+then nothing; end-of-file on it means the client is gone, and the engine exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shutil
+import signal
+import sys
+import threading
+
+# Ctrl-C belongs to the application (the whole foreground process group gets it), which shuts the engine down.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+import zmq  # noqa: E402 - after SIGINT is ignored: importing takes a while
+
+from vx import platform  # noqa: E402
+from vx.config import decode_config  # noqa: E402
+from vx.core.engine_core import OUTPUT_LINGER_MS, EngineCore, EngineCoreProc, describe_exception  # noqa: E402
+from vx.core.protocol import EngineCoreReady, encode_output, read_startup  # noqa: E402
+
+logger = logging.getLogger("vx.core.engine_main")  # `__name__` is "__main__" here
+
+# How often the parent watchdog checks that the client is still its parent, should the stdin pipe stay open
+# after the client died (a process the client forked without exec holds a copy of its end).
+_PARENT_POLL_S = 1.0
+
+
+def main() -> None:
+    """Read the startup message, watch the client, then serve until shut down (never returns)."""
+    stdin = sys.stdin.buffer
+    startup = read_startup(stdin)
+    os.set_inheritable(startup.sentinel_fd, False)  # held by this process alone, so its exit closes it
+    # The application's import path (as multiprocessing's spawn gave it): a backend named `package.module:Class`
+    # imports from the same place as in the application.
+    sys.path[:] = startup.sys_path
+    watch_parent(stdin.fileno(), startup.ipc_dir)
+    run_engine_core_proc(startup.config, startup.input_addr, startup.output_addr)
+
+
+def watch_parent(fd: int, ipc_dir: str) -> None:
+    """Exit when the client process dies, even by SIGKILL: a daemon thread waits for end-of-file on `fd` (the
+    client's pipe), and checks once a second that the client is still the parent."""
+    parent_pid = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            readable, _, _ = select.select([fd], [], [], _PARENT_POLL_S)
+            if readable and not os.read(fd, 4096):
+                break
+        shutil.rmtree(ipc_dir, ignore_errors=True)  # nobody else is left to remove it
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vx-parent-watchdog", daemon=True).start()
+
+
+def run_engine_core_proc(config_bytes: bytes, input_addr: str, output_addr: str) -> None:
+    """Build the engine, handshake, serve, exit (never returns).
+
+    `config_bytes` is the front end's resolved `VxConfig` (`encode_config`), used here as it is. A start-up
+    failure goes back through the handshake, with its traceback.
+    """
+    ctx = zmq.Context()
+    out_sock = ctx.socket(zmq.PUSH)
+    out_sock.setsockopt(zmq.SNDHWM, 0)  # never block a step on a slow reader
+    out_sock.connect(output_addr)
+    in_sock = ctx.socket(zmq.PULL)
+    in_sock.setsockopt(zmq.RCVHWM, 0)
+    in_sock.connect(input_addr)
+    try:
+        platform.prefer_passive_openmp_wait()  # before decoding the config imports transformers, hence torch
+        core = EngineCore(decode_config(config_bytes))
+    except BaseException as e:  # noqa: BLE001 - report any start-up failure through the handshake
+        logger.error("vx engine failed to start: %s", describe_exception(e))
+        out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), error=describe_exception(e))))
+        in_sock.close(linger=0)
+        out_sock.close(linger=OUTPUT_LINGER_MS)
+        ctx.term()
+        _exit(1)
+    out_sock.send(encode_output(EngineCoreReady(pid=os.getpid(), num_kv_blocks=core.num_kv_blocks)))
+    code = EngineCoreProc(core, in_sock, out_sock).run()
+    # Returns once the input thread has closed its socket (it sees ETERM) and the output has flushed.
+    ctx.term()
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Everything is sent and released: skip the interpreter's teardown of torch & co, which takes seconds."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
