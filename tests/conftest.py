@@ -57,7 +57,8 @@ def tiny_model_dir(tiny_model_dirs) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    """`tiny_gguf(types, tied=False)` -> TinyGGUF: a seeded tiny Llama written as a GGUF file with its weights in
+    """`tiny_gguf(types, tied=False, family="llama")` -> TinyGGUF: a seeded tiny Llama (or Gemma 3) written as a GGUF
+    file with its weights in
     `types` (a GGML type name, or "Q4_K_M" for tests.support.tiny_gguf.q4_k_m_like), and the same weights dequantized
     by gguf in a float directory; built once per session per (types, tied), sharing one tokenizer."""
     from gguf import GGMLQuantizationType
@@ -69,12 +70,13 @@ def tiny_gguf(tmp_path_factory):
     make_tiny_tokenizer(tokenizer_dir)
     cache = {}
 
-    def get(types: str, tied: bool = False):
-        if (types, tied) not in cache:
+    def get(types: str, tied: bool = False, family: str = "llama"):
+        if (types, tied, family) not in cache:
             chooser = q4_k_m_like if types == "Q4_K_M" else uniform(GGMLQuantizationType[types])
-            folder = tmp_path_factory.mktemp(f"gguf-{types}-{'tied' if tied else 'untied'}")
-            cache[types, tied] = write_tiny_gguf(folder, chooser, tied=tied, tokenizer_dir=tokenizer_dir)
-        return cache[types, tied]
+            folder = tmp_path_factory.mktemp(f"gguf-{family}-{types}-{'tied' if tied else 'untied'}")
+            cache[types, tied, family] = write_tiny_gguf(folder, chooser, tied=tied, tokenizer_dir=tokenizer_dir,
+                                                         family=family)
+        return cache[types, tied, family]
 
     return get
 

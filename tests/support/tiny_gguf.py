@@ -59,10 +59,21 @@ def inverse_permute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
         rows.shape)
 
 
+# Gemma 3 as llama.cpp's converter writes it: the default layer pattern (5 sliding, then 1 global; transformers
+# reads the same default back, a GGUF file does not store it), q/k rows not permuted (neox rotary), and every
+# norm weight stored as 1 + the checkpoint's (Gemma keeps them as offsets from 1). The query scale is 256 ** -0.5,
+# which transformers reads from a Gemma 3 file whatever its head size (real checkpoints: the head size).
+GEMMA3_SHAPE = dict(num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=256, sliding_window=16, layer_types=None,
+                    final_logit_softcapping=None,
+                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                     "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
+
+
 def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool = False, seed: int = 0,
-                    tokenizer_dir: str | None = None, **overrides: object) -> TinyGGUF:
+                    tokenizer_dir: str | None = None, family: str = "llama", **overrides: object) -> TinyGGUF:
     """Write `model.gguf` (weights stored as `types` says) and `float/` (the same weights as gguf dequantizes
-    them) in `dirpath`. `tokenizer_dir`: a tiny tokenizer made before, to share (else one is made here)."""
+    them) in `dirpath`. `tokenizer_dir`: a tiny tokenizer made before, to share (else one is made here).
+    `family`: "llama" or "gemma3"."""
     dirpath = os.fspath(dirpath)
     os.makedirs(dirpath, exist_ok=True)
     if tokenizer_dir is None:
@@ -72,14 +83,17 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
         tok = json.load(f)
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     assert [i for _, i in vocab] == list(range(len(vocab)))
-    hf = make_tiny_hf_model("llama", seed=seed, **{**SHAPE, "vocab_size": len(vocab), "tie_word_embeddings": tied,
-                                                    "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
-                                                    **overrides})
+    gemma = family == "gemma3"
+    shape = {**SHAPE, **GEMMA3_SHAPE, "tie_word_embeddings": True} if gemma else {**SHAPE, "tie_word_embeddings": tied}
+    tied = shape["tie_word_embeddings"]
+    hf = make_tiny_hf_model(family, seed=seed, **{**shape, "vocab_size": len(vocab), "bos_token_id": 0,
+                                                  "eos_token_id": 0, "pad_token_id": 0, **overrides})
     config = hf.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
 
     gguf_path = os.path.join(dirpath, "model.gguf")
-    writer = GGUFWriter(gguf_path, "llama")
+    writer = GGUFWriter(gguf_path, family)
     writer.add_name(f"tiny-{seed}")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -87,9 +101,15 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if gemma:
+        writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_sliding_window(config.sliding_window)
+    else:
+        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(config.hidden_size // heads)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(len(vocab))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -103,7 +123,7 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
 
-    names = get_tensor_name_map(MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    names = get_tensor_name_map(MODEL_ARCH.GEMMA3 if gemma else MODEL_ARCH.LLAMA, config.num_hidden_layers)
     reference: dict[str, torch.Tensor] = {}
     for name, param in hf.state_dict().items():
         if tied and name == "lm_head.weight":
@@ -111,9 +131,11 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
         module, suffix = name.rsplit(".", 1)
         gguf_name = f"{names.get_name(module)}.{suffix}"
         data = param.detach().float().numpy()
-        heads_here = heads if ".q_proj." in name else kv_heads if ".k_proj." in name else None
+        heads_here = None if gemma else heads if ".q_proj." in name else kv_heads if ".k_proj." in name else None
         if heads_here is not None:
             data = permute_rows(data, heads_here)
+        offset = 1.0 if gemma and name.endswith("norm.weight") else 0.0
+        data = data + offset
         qtype = T.F32 if data.ndim == 1 else T(types(name))
         if qtype == T.F32:
             stored, back = data, data
@@ -135,6 +157,7 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
         writer.add_tensor(gguf_name, stored, raw_dtype=None if qtype in (T.F32, T.F16) else qtype)
         if heads_here is not None:
             back = inverse_permute_rows(back, heads_here)
+        back = back - offset
         reference[name] = torch.from_numpy(np.ascontiguousarray(back, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -28,8 +28,12 @@ from vx.models.layers.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYP
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 """GGUF `general.architecture`s vx loads (llama.cpp writes Mistral models as "llama")."""
+
+# llama.cpp's converter stores these architectures' norm weights as 1 + the checkpoint's (Gemma keeps offsets
+# from 1): the offset comes off as they load.
+_NORMS_PLUS_ONE = ("gemma3",)
 
 # llama.cpp's converter permutes q/k rows for these architectures (its LlamaModel); Qwen files keep HF's order.
 _PERMUTED_ARCHITECTURES = ("llama",)
@@ -40,7 +44,7 @@ _MODEL_MODULES = ("model.embed_tokens", "model.norm", "lm_head")
 _KEPT_TABLES = ("model.embed_tokens",)
 _LAYER_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-                  "input_layernorm", "post_attention_layernorm")
+                  "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
@@ -148,7 +152,10 @@ class GGUFWeights:
                 rows = entry.shape[0] if len(entry.shape) == 2 else entry.shape[0] // _element_size(entry.ggml_type)
                 data = unpermute_rows(data.reshape(rows, -1), heads).reshape(entry.shape)
             if len(entry.shape) == 1:  # a norm or a bias: float, under its own name
-                yield f"{entry.module}.{entry.suffix}", torch.from_numpy(data).view(FLOAT_TYPES[entry.ggml_type])
+                tensor = torch.from_numpy(data).view(FLOAT_TYPES[entry.ggml_type])
+                if self.architecture in _NORMS_PLUS_ONE and entry.module.endswith("norm"):
+                    tensor = tensor.float() - 1.0
+                yield f"{entry.module}.{entry.suffix}", tensor
             else:
                 yield f"{entry.module}.qweight_type", torch.tensor(entry.ggml_type)
                 yield f"{entry.module}.qweight", torch.from_numpy(data)
