@@ -16,6 +16,7 @@ import msgspec
 
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
+from vx.model_architectures import unsupported_architecture
 from vx.hf_config import HFConfig, resolve_hf_config
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 
@@ -206,6 +207,8 @@ class EngineArgs:
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError(f"{model_path}/config.json names no 'architectures'; cannot pick a model class.")
+        if (reason := unsupported_architecture(archs[0])) is not None:
+            raise ValueError(f"{model_path}: {reason}")
         dtype = platform.resolve_dtype(self.dtype, device, hf_config)
         derived_max = _derive_max_model_len(hf_config)
         if self.max_model_len is None:
