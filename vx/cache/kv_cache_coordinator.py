@@ -1,9 +1,9 @@
-"""Per-request block bookkeeping over the block pool, one attention group at a time.
+"""Per-request block bookkeeping over the block pools.
 
-`KVCacheManager` talks to a `KVCacheCoordinator` so that models with several KV-cache groups
-(e.g. full + sliding-window attention) can later get a hybrid coordinator without touching
-the manager or the scheduler. Today only `UnitaryKVCacheCoordinator` exists: one group of
-full-attention layers sharing one block table per request.
+`UnitaryKVCacheCoordinator`: one group of full-attention layers sharing one block table per request (most models),
+its bookkeeping inline for speed. `HybridKVCacheCoordinator`: one group per attention kind
+(`vx.cache.block_table_group`), for models that mix sliding-window and global layers or whose every layer is
+windowed: each group has its own pool, and a sliding group releases the blocks that fell out of its window.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from vx.cache.block_hash import BlockHash
 from vx.cache.block_pool import BlockPool
+from vx.cache.block_table_group import BlockTableGroup, KVCacheGroupSpec
 from vx.cache.kv_cache_block import KVCacheBlock
 
 
@@ -130,3 +131,60 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
         return self.req_to_blocks.get(request_id) or []
+
+
+class HybridKVCacheCoordinator:
+    """Several groups of layers (full attention, sliding windows), each with its own pool and block tables.
+
+    A request's blocks are one list per group, all covering the same tokens. A prefix hit is the longest one every
+    group can serve: full groups need the whole prefix cached, a sliding group only the blocks its window reads
+    for the next token. An allocation takes blocks from every group or, when one pool is short, from none.
+    Before allocating, sliding groups release the blocks that fell out of their window.
+    """
+
+    def __init__(self, specs: Sequence[KVCacheGroupSpec], block_size: int, enable_caching: bool) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if not specs:
+            raise ValueError("a hybrid KV cache needs at least one group")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.groups = [BlockTableGroup(spec, block_size, enable_caching) for spec in specs]
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
+                               max_cache_hit_length: int) -> tuple[list[list[KVCacheBlock]], int]:
+        """(each group's hit blocks, the tokens they cover) for the longest prefix every group serves."""
+        max_blocks = max_cache_hit_length // self.block_size
+        servable = [group.cache_hit_lengths(block_hashes, max_blocks) for group in self.groups]
+        num_blocks = next(n for n in range(len(servable[0]) - 1, -1, -1) if all(ok[n] for ok in servable))
+        return [group.hit_blocks(block_hashes, num_blocks) for group in self.groups], num_blocks * self.block_size
+
+    def allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[Sequence[KVCacheBlock]] | None,
+                 num_computed_tokens: int) -> list[list[KVCacheBlock]] | None:
+        """Release what fell out of the windows, then give the request blocks for `num_tokens` tokens in every
+        group: the new blocks per group, or None with nothing allocated when a pool is short."""
+        hits = new_computed_blocks or [()] * len(self.groups)
+        for group in self.groups:
+            group.release_out_of_window(request_id, num_computed_tokens)
+        for group, hit in zip(self.groups, hits):
+            if group.num_blocks_needed(request_id, num_tokens, hit) > group.pool.get_num_free_blocks():
+                return None
+        return [group.allocate(request_id, num_tokens, hit) for group, hit in zip(self.groups, hits)]
+
+    def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int) -> None:
+        """Register, in every group, the request's blocks that are full within its first `num_tokens` tokens."""
+        for group in self.groups:
+            group.cache_blocks(request_id, block_hashes, num_tokens)
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks in every group; no-op for an unknown id."""
+        for group in self.groups:
+            group.free(request_id)
+
+    def get_blocks(self, request_id: str) -> list[list[KVCacheBlock]]:
+        """The request's blocks per group, in token order."""
+        return [group.get_blocks(request_id) for group in self.groups]
+
+    @property
+    def pools(self) -> list[BlockPool]:
+        return [group.pool for group in self.groups]
