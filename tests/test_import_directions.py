@@ -20,7 +20,8 @@ FORBIDDEN = {
     "kernels": {"core", "gpu", "models", "client", "executor"},
 }
 # Modules anyone may import: they import none of the packages above.
-LEAVES = ("config", "sampling_params", "errors", "outputs", "envs", "platform", "attention_backends", "step")
+LEAVES = ("config", "sampling_params", "errors", "outputs", "envs", "platform", "attention_backends", "step",
+          "pooling_params")
 
 
 def _unit(module: str) -> str:
