@@ -69,11 +69,11 @@ def check_dimensions(params: PoolingParams, hf_config: Any) -> None:
     if d is None:
         return
     allowed = matryoshka_dimensions(hf_config)
-    hidden = int(hf_config.hidden_size)
     if allowed is None:
         raise ValueError(f"dimensions={d} is not supported by this model: its config declares no Matryoshka "
                          "embeddings (`matryoshka_dimensions` or `is_matryoshka` in config.json).")
     if allowed and d not in allowed:
         raise ValueError(f"dimensions={d} is not one of the model's matryoshka_dimensions {allowed}.")
+    hidden = int(hf_config.hidden_size)
     if d > hidden:
         raise ValueError(f"dimensions={d} exceeds the model's embedding size ({hidden}).")
