@@ -9,6 +9,7 @@ import json
 import random
 import shutil
 
+import anyio
 import pytest
 import torch
 
@@ -235,10 +236,16 @@ async def test_async_llm_embed(anyio_backend, tiny_model_dir, hf_models):
             await llm.embed("")
         with pytest.raises(ValueError, match="pooling_params must be a vx.PoolingParams"):
             await llm.embed("hi", vx.SamplingParams())  # type: ignore[arg-type]
+        # Cancelled while it runs: every prompt of the batch is aborted in the engine, its blocks freed.
+        with anyio.move_on_after(0.01):
+            await llm.embed([[7] * 900] * 6, vx.PoolingParams(pooling_type="mean"))
+        assert llm.num_unfinished_requests == 0
         # Generation still works beside it, and nothing is left behind.
         assert (await llm.complete("Hi", vx.SamplingParams(max_tokens=3))).finished
         assert llm.num_unfinished_requests == 0
-        stats = await llm.stats()
+        with anyio.fail_after(30):
+            while (stats := await llm.stats()).num_running or stats.num_waiting:
+                await anyio.sleep(0.05)
     _assert_close([one], [want_last[3]], "async/one")
     assert [m.request_id for m in many] == [f"batch-{i}" for i in range(len(prompts))]
     _assert_close(many, _hf_embeddings(hf_models["qwen3"], prompts, "mean"), "async/many")
