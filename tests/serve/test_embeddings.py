@@ -131,3 +131,17 @@ def test_dimensions_cut_then_renormalise_where_the_model_allows(matryoshka_clien
     assert len(cut) == 16 and _close(cut, [x / _norm(head) for x in head], 1e-5)
     with pytest.raises(openai.BadRequestError, match=r"matryoshka_dimensions \[16, 32\]"):
         matryoshka_client.embeddings.create(model="tiny-mrl", input=text, dimensions=20)
+
+
+def test_embedding_requests_are_counted(http):
+    from tests.support.server import metric
+
+    ok = 'endpoint="/v1/embeddings",finish_reason="stop"'
+    error = 'endpoint="/v1/embeddings",finish_reason="error"'
+    before_ok, before_error = metric(http, "vx_requests_total", ok), metric(http, "vx_requests_total", error)
+    before_tokens = metric(http, "vx_prompt_tokens_total", 'endpoint="/v1/embeddings"')
+    assert http.post("/v1/embeddings", json={"input": [[5, 6, 7], [8, 9]]}).status_code == 200
+    assert http.post("/v1/embeddings", json={"input": ""}).status_code == 400
+    assert metric(http, "vx_requests_total", ok) == before_ok + 2
+    assert metric(http, "vx_requests_total", error) == before_error + 1
+    assert metric(http, "vx_prompt_tokens_total", 'endpoint="/v1/embeddings"') == before_tokens + 5

@@ -46,17 +46,7 @@ class LLM:
         fault, e.g. a grammar that does not compile) or `vx.errors.EngineGenerateError`, and the rest is aborted.
         """
         prompt_list = normalize_prompts(prompts)
-        if sampling_params is None:
-            params_list = [SamplingParams()] * len(prompt_list)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompt_list)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompt_list):
-                raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params.")
-        for p in params_list:
-            if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
+        params_list = _per_prompt(sampling_params, SamplingParams, len(prompt_list), "sampling_params")
         params_list = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY) for p in params_list]
         return self._run(prompt_list, params_list, priority, "Generating", use_tqdm)
 
@@ -75,15 +65,7 @@ class LLM:
         (`vx.PoolingParams` for mean pooling or Matryoshka `dimensions`). Bad input raises ValueError, nothing runs.
         """
         prompt_list = normalize_prompts(prompts)
-        if pooling_params is None or isinstance(pooling_params, PoolingParams):
-            params_list = [pooling_params or PoolingParams()] * len(prompt_list)
-        else:
-            params_list = list(pooling_params)
-            if len(params_list) != len(prompt_list):
-                raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} pooling params.")
-        for p in params_list:
-            if not isinstance(p, PoolingParams):
-                raise ValueError(f"pooling_params must be PoolingParams, got {type(p).__name__}.")
+        params_list = _per_prompt(pooling_params, PoolingParams, len(prompt_list), "pooling_params")
         return self._run(prompt_list, params_list, priority, "Embedding", use_tqdm)
 
     def _run(self, prompt_list: list[Prompt], params_list: list[SamplingParams] | list[PoolingParams],
@@ -152,3 +134,16 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
+
+def _per_prompt(params: Any, kind: type, num_prompts: int, name: str) -> list[Any]:
+    """`params` (None: `kind()`; one `kind`: for every prompt; else one per prompt) as a list, one per prompt;
+    `ValueError` naming the argument `name` for a wrong count or type."""
+    if params is None or isinstance(params, kind):
+        return [params if params is not None else kind()] * num_prompts
+    out = list(params)
+    if len(out) != num_prompts:
+        raise ValueError(f"Got {num_prompts} prompts but {len(out)} {name.replace('_', ' ')}.")
+    for p in out:
+        if not isinstance(p, kind):
+            raise ValueError(f"{name} must be {kind.__name__}, got {type(p).__name__}.")
+    return out

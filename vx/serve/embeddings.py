@@ -32,11 +32,8 @@ ENDPOINT = "/v1/embeddings"
 async def create_embeddings(state: ServerState, req: EmbeddingRequest, receive: Receive) -> Response:
     """Validate `req`, embed every input, and answer in OpenAI's embeddings shape (a 4xx `APIError` for bad input)."""
     start = now()
-    try:
+    with state.metrics.errors_counted(ENDPOINT):
         return await _create(state, req, receive, start)
-    except Exception:  # every failure counts, unexpected ones too
-        state.metrics.record_error(ENDPOINT)
-        raise
 
 
 async def _create(state: ServerState, req: EmbeddingRequest, receive: Receive, start: float) -> Response:
