@@ -20,8 +20,8 @@ FORBIDDEN = {
     "kernels": {"core", "gpu", "models", "client", "executor"},
 }
 # Modules anyone may import: they import none of the packages above.
-LEAVES = ("config", "sampling_params", "errors", "outputs", "envs", "platform", "attention_backends", "model_architectures",
-          "step")
+LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
+          "model_architectures", "step")
 
 
 def _unit(module: str) -> str:

@@ -13,6 +13,7 @@ from vx.config import CacheConfig, SchedulerConfig
 from vx.core.request import Request
 from vx.core.scheduler import Scheduler
 from vx.gpu.input_batch import InputBatch
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 from vx.step import (CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput, StepDecoder,
                      TokenLogprobs, encode_step)
@@ -22,7 +23,8 @@ def _every_field_set() -> SchedulerOutput:
     new = NewRequestData(req_id="new", prompt_token_ids=[1, 2, 3], sampling_params=SamplingParams(
         temperature=0.7, top_k=5, seed=-3, max_tokens=9, stop=["x"], logit_bias={4: 1.5}),
         block_ids=[4, 5], num_computed_tokens=2, output_token_ids=[9], eos_token_ids=(0, 7),
-        bad_words_token_ids=[[3, 4], [5]])
+        bad_words_token_ids=[[3, 4], [5]], pooling_params=PoolingParams(pooling_type="mean", normalize=False,
+                                                                          dimensions=8))
     cached = CachedRequestData(req_id="old", num_computed_tokens=17, new_token_ids=[8], new_block_ids=[6])
     bitmask = np.array([[-1, 0x0F0F, 7]], dtype=np.int32)
     return SchedulerOutput(scheduled_new_reqs=[new], scheduled_cached_reqs=[cached],
@@ -54,7 +56,8 @@ def test_a_scheduler_output_round_trips_every_field():
 def test_a_model_runner_output_round_trips_every_field():
     logprobs = TokenLogprobs(token_ids=[[5, 1]], logprobs=[[-0.5, -1.25]], ranks=[1])
     output = ModelRunnerOutput(req_ids=["a", "b"], sampled_token_ids=[5, 6], logprobs=[logprobs, None],
-                               prompt_logprobs={"a": (3, logprobs)}, failed={"c": "sampling failed: boom"})
+                               prompt_logprobs={"a": (3, logprobs)}, failed={"c": "sampling failed: boom"},
+                               pooled={"d": [0.25, -0.5, 1.0]})
     assert StepDecoder().model_runner_output(encode_step(output)) == output
     assert StepDecoder().model_runner_output(encode_step(ModelRunnerOutput.empty())) == ModelRunnerOutput.empty()
 

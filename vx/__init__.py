@@ -20,9 +20,12 @@ _EXPORTS = {
     "EngineOverloadedError": "vx.errors",
     "InvalidRequestError": "vx.errors",
     "CompletionOutput": "vx.outputs",
+    "EmbeddingOutput": "vx.outputs",
+    "EmbeddingRequestOutput": "vx.outputs",
     "EngineStats": "vx.outputs",
     "Logprob": "vx.outputs",
     "RequestOutput": "vx.outputs",
+    "PoolingParams": "vx.pooling_params",
     "RequestOutputKind": "vx.sampling_params",
     "SamplingParams": "vx.sampling_params",
     "StructuredOutputsParams": "vx.sampling_params",
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
     from vx.config import EngineArgs
     from vx.model_source import DEFAULT_MODEL
     from vx.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
-    from vx.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+    from vx.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, EngineStats, Logprob, RequestOutput
+    from vx.pooling_params import PoolingParams
     from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 

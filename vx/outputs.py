@@ -51,6 +51,29 @@ class RequestOutput:
 
 
 @dataclass
+class EmbeddingOutput:
+    """One prompt's embedding: its pooled final hidden states (L2-normalised unless the request said not to)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """The result of one embedding request (`LLM.embed`, `AsyncLLM.embed`), as vLLM's `EmbeddingRequestOutput`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    prompt: str | None = None
+
+
+@dataclass
 class EngineStats:
     """A snapshot of the engine: queues, KV blocks, prefix-cache hits, preemptions, steps."""
 

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 
 
@@ -54,6 +55,7 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     # For the logits processors (repetition penalty, min_tokens, bad words):
     eos_token_ids: tuple[int, ...] = ()
     bad_words_token_ids: list[list[int]] | None = None
+    pooling_params: PoolingParams | None = None  # set: it pools its prompt instead of sampling
 
 
 class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
@@ -101,6 +103,8 @@ class ModelRunnerOutput(msgspec.Struct, omit_defaults=True):
     # req id -> error message, for the requests whose own work in this step failed (their sampling state, their
     # sampling); they sampled nothing and must end. An internal error of that request alone: the step went on.
     failed: dict[str, str] = {}
+    # req id -> embedding, for the pooling requests whose prompt this step finished (they sampled nothing).
+    pooled: dict[str, list[float]] | None = None
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

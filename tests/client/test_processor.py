@@ -268,3 +268,25 @@ def test_client_modules_do_not_import_torch(tiny_tokenizer_dir):
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ embedding requests
+def test_a_pooling_request_is_tokenized_and_may_fill_the_context(processor, tokenizer):
+    from vx.pooling_params import PoolingParams
+
+    params = PoolingParams(pooling_type="mean")
+    req = processor.process_inputs("e1", "Hello there", params)
+    assert req.pooling_params == params and req.prompt_token_ids == tokenizer.encode("Hello there")
+    assert req.eos_token_ids == [] and req.sampling_params.logprobs is None
+    full = processor.process_inputs("e2", [5] * 64, PoolingParams())  # nothing is generated: 64 of 64 fit
+    full.verify_for_model(512, 64)
+    with pytest.raises(ValueError, match="at most 64 tokens"):
+        processor.process_inputs("e3", [5] * 65, PoolingParams())
+    with pytest.raises(ValueError, match="must have 1 to 64 tokens"):
+        msgspec.structs.replace(full, prompt_token_ids=[5] * 65).verify_for_model(512, 64)
+    with pytest.raises(ValueError, match="empty"):
+        processor.process_inputs("e4", "", PoolingParams())
+    with pytest.raises(ValueError, match="no Matryoshka"):  # the model's config declares none
+        processor.process_inputs("e5", "hi", PoolingParams(dimensions=8))
+    with pytest.raises(ValueError, match="samples nothing"):
+        msgspec.structs.replace(full, sampling_params=SamplingParams(logprobs=2)).verify_for_model(512, 64)

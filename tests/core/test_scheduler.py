@@ -11,6 +11,7 @@ from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 from vx.step import ModelRunnerOutput
 
@@ -229,3 +230,69 @@ def test_priority_policy_aborts_waiting_requests():
     assert s.finish_requests(["r1", "r2"], RequestStatus.FINISHED_ABORTED) == ["r1", "r2"]
     order = [so.scheduled[0].req_id for so, _ in run_all(s) if so.scheduled]
     assert [rid for i, rid in enumerate(order) if i == 0 or rid != order[i - 1]] == ["r3", "r0"]
+
+
+# ----------------------------------------------------------------------------------------------- pooling requests
+def pooling_req(rid: str, n_prompt: int, pooling_type: str = "last", base=1) -> Request:
+    return Request(rid, [base + i % 50 for i in range(n_prompt)], SamplingParams(max_tokens=1), [],
+                   pooling_params=PoolingParams(pooling_type=pooling_type))
+
+
+def pool_step(s: Scheduler):
+    """One step whose worker pools (a vector naming the request) every pooling request that reached its prompt's end
+    and samples 99 for the others."""
+    so = _views.setdefault(s, WorkerView()).apply(s.schedule())
+    pooled = {r.req_id: [float(len(r.req_id))] for r in so.scheduled if r.samples and r.req_id.startswith("p")}
+    sampled = [r.req_id for r in so.scheduled if r.samples and r.req_id not in pooled]
+    return so, s.update_from_output(so.output, ModelRunnerOutput(sampled, [99] * len(sampled), pooled=pooled or None))
+
+
+def test_a_pooling_request_ends_after_its_prompt_with_its_vector_and_no_token():
+    s = make_scheduler(budget=8)
+    s.add_request(pooling_req("pa", 21))
+    s.add_request(req("g", 5, max_tokens=3))
+    outputs = {}
+    while s.has_unfinished_requests():
+        so, out = pool_step(s)
+        assert so.total_num_scheduled_tokens <= 8
+        for o in out.outputs:
+            outputs.setdefault(o.request_id, []).append(o)
+    (only,) = outputs["pa"]  # one output: its end, with the vector and no token
+    assert only.new_token_ids == [] and only.pooled == [2.0] and str(only.finish_reason) == "stop"
+    assert [t for o in outputs["g"] for t in o.new_token_ids] == [99, 99, 99]
+    assert s.kv_cache_manager.stats().num_blocks_in_use == 0 and not s.requests
+
+
+def test_pooling_requests_share_the_step_with_generation():
+    s = make_scheduler(budget=64)
+    s.add_request(req("g", 5, max_tokens=4))
+    s.add_request(pooling_req("pa", 9))
+    so, out = pool_step(s)
+    assert so.req_ids == ["g", "pa"]
+    assert {o.request_id: o.pooled for o in out.outputs} == {"g": None, "pa": [2.0]}
+
+
+def test_mean_pooling_reads_no_prefix_cache_but_last_token_pooling_does():
+    s = make_scheduler(block_size=4)
+    s.add_request(pooling_req("pa", 13))
+    pool_step(s)
+    s.add_request(pooling_req("pb", 13))
+    so, _ = pool_step(s)
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 12  # three cached blocks; the last token runs
+    s.add_request(pooling_req("pc", 13, pooling_type="mean"))
+    so, _ = pool_step(s)
+    assert so.scheduled_new_reqs[0].num_computed_tokens == 0 and so.total_num_scheduled_tokens == 13
+    assert not s.has_unfinished_requests()
+
+
+def test_a_preempted_mean_pooling_request_recomputes_its_whole_prompt():
+    s = make_scheduler(num_blocks=8, block_size=4, budget=4)
+    s.add_request(req("g", 8, max_tokens=12, ignore_eos=True))
+    s.add_request(pooling_req("pm", 16, pooling_type="mean", base=20))
+    admissions = []
+    while s.has_unfinished_requests():
+        so, _ = pool_step(s)
+        admissions += [(n.req_id, n.num_computed_tokens) for n in so.scheduled_new_reqs]
+    assert s.num_preemptions > 0
+    assert [a for a in admissions if a[0] == "pm"] == [("pm", 0)] * len([a for a in admissions if a[0] == "pm"])
+    assert len([a for a in admissions if a[0] == "pm"]) > 1

@@ -9,6 +9,7 @@ import torch
 
 from vx.config import EngineArgs
 from vx.gpu.model_runner import ModelRunner
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 from vx.step import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -121,3 +122,62 @@ def test_kv_cache_bytes_per_block(config):
     mc = config.model_config
     assert runner.kv_cache_bytes_per_block() == mc.num_layers * 2 * BS * mc.num_kv_heads * mc.head_dim * 4
     assert len(runner.kv_caches) == mc.num_layers
+
+
+# ----------------------------------------------------------------------------------------------- pooling requests
+@pytest.fixture(scope="module")
+def hf_hidden(hf_model) -> torch.Tensor:
+    """Hugging Face's final hidden states (after the last norm) of PROMPT [len, hidden]."""
+    with torch.no_grad():
+        return hf_model.model(torch.tensor([PROMPT])).last_hidden_state[0]
+
+
+def pooling_req(req_id: str, blocks: list[int], **params) -> NewRequestData:
+    return NewRequestData(req_id=req_id, prompt_token_ids=PROMPT, sampling_params=SamplingParams(max_tokens=1),
+                          block_ids=blocks, num_computed_tokens=0, pooling_params=PoolingParams(**params))
+
+
+@pytest.mark.parametrize("pooling_type", ["last", "mean"])
+def test_pooling_in_chunks_equals_hf_and_samples_nothing(config, hf_hidden, pooling_type):
+    runner = make_runner(config)
+    first = runner.execute_model(plan(new=[(pooling_req("p", [1, 2, 3], pooling_type=pooling_type), 3)]))
+    assert first.pooled is None and first.req_ids == []  # mid-prompt: nothing to pool yet
+    second = runner.execute_model(plan(cached=[(CachedRequestData(req_id="p", num_computed_tokens=3), 4)]))
+    assert second.pooled is None
+    last = runner.execute_model(plan(cached=[(CachedRequestData(req_id="p", num_computed_tokens=7), 3)]))
+    assert last.req_ids == [] and last.sampled_token_ids == []
+    want = hf_hidden[-1] if pooling_type == "last" else hf_hidden.mean(dim=0)
+    got = torch.tensor(last.pooled["p"])
+    assert torch.allclose(got, torch.nn.functional.normalize(want, dim=0), atol=1e-5)
+
+
+def test_pooling_and_sampling_rows_share_a_batch(config, hf_hidden):
+    runner = make_runner(config)
+    out = runner.execute_model(plan(new=[(new_req("a", [1, 2, 3], temperature=0.0), 10),
+                                         (pooling_req("p", [4, 5, 6], normalize=False), 10)]))
+    alone = make_runner(config).execute_model(plan(new=[(new_req("a", [1, 2, 3], temperature=0.0), 10)]))
+    assert out.req_ids == ["a"] and out.sampled_token_ids == alone.sampled_token_ids
+    assert torch.allclose(torch.tensor(out.pooled["p"]), hf_hidden[-1], atol=1e-5)  # not normalised
+    assert runner.input_batch.pooling_req_ids == {"p"}
+    runner.execute_model(plan(finished=["p"]))
+    assert runner.input_batch.pooling_req_ids == set()
+
+
+def test_dimensions_cut_before_normalising(config, hf_hidden):
+    out = make_runner(config).execute_model(plan(new=[(pooling_req("p", [1, 2, 3], pooling_type="mean",
+                                                                   dimensions=16), 10)]))
+    want = torch.nn.functional.normalize(hf_hidden.mean(dim=0)[:16], dim=0)
+    assert torch.allclose(torch.tensor(out.pooled["p"]), want, atol=1e-5)
+
+
+def test_steps_without_pooling_requests_do_no_pooling_work(config, monkeypatch):
+    import vx.gpu.model_runner as model_runner
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pool_step ran in a step without pooling requests")
+
+    monkeypatch.setattr(model_runner, "pool_step", refuse)
+    runner = make_runner(config)
+    out = runner.execute_model(plan(new=[(new_req("a", [1, 2, 3], temperature=0.0), 10)]))
+    assert out.pooled is None and out.req_ids == ["a"]
+    assert runner.input_batch.pooling_req_ids == set()

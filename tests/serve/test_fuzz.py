@@ -53,14 +53,14 @@ def _bounded(body: Any) -> Any:
         body.pop("guided_grammar", None)
         if isinstance(body.get("structured_outputs"), dict) and {"regex", "grammar"} & set(body["structured_outputs"]):
             body.pop("structured_outputs")
-    if isinstance(body.get("prompt"), list) and len(body["prompt"]) > 4 and not all(
-            isinstance(p, int) for p in body["prompt"]):
-        body["prompt"] = body["prompt"][:4]  # a batch of prompts is one engine request each
+    for name in ("prompt", "input"):
+        if isinstance(body.get(name), list) and len(body[name]) > 4 and not all(isinstance(p, int) for p in body[name]):
+            body[name] = body[name][:4]  # a batch of prompts is one engine request each
     return body
 
 
 OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", "/v1/completions"),
-              ("POST", "/v1/chat/completions"), ("GET", "/health"), ("GET", "/metrics")]
+              ("POST", "/v1/chat/completions"), ("POST", "/v1/embeddings"), ("GET", "/health"), ("GET", "/metrics")]
 
 
 @pytest.mark.slow

@@ -15,18 +15,19 @@ import logging
 import threading
 import uuid
 import weakref
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Sequence
 
 import anyio
 import anyio.abc
 
 from vx.client.core_client import AsyncMPClient
 from vx.client.request_stream import RequestStream
-from vx.client.submit import Prompt, PromptRequest, submit_requests
+from vx.client.submit import Prompt, PromptRequest, is_single_prompt, normalize_prompts, submit_requests
 from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import EngineCoreOutputs
 from vx.errors import EngineDeadError, EngineGenerateError
-from vx.outputs import EngineStats, RequestOutput
+from vx.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -190,14 +191,28 @@ class AsyncLLM:
         """Run one request to its end and return the final output (cumulative text and token ids)."""
         stream = self._add_request(prompt, _with_output_kind(params, RequestOutputKind.FINAL_ONLY), request_id,
                                    priority)
-        try:
-            while True:
-                output = await stream.get()
-                if output.finished:
-                    return output
-        except BaseException:
-            self._abort_now(stream)
-            raise
+        return (await self._final_outputs([stream]))[0]
+
+    async def embed(self, prompt: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None,
+                    request_id: str | None = None, *, priority: int = 0,
+                    ) -> EmbeddingRequestOutput | list[EmbeddingRequestOutput]:
+        """The embedding of one prompt (a str or a list of token ids), or a list of them for a list of prompts
+        (run concurrently; `request_id`, if given, gets `-i` appended for prompt i), as vLLM's `LLM.embed`.
+
+        The prompt runs through the same scheduler and KV cache as generation and ends after its prompt. Default
+        pooling: the last token's final hidden state, L2-normalised; see `vx.PoolingParams`. Bad input raises
+        `ValueError` before anything runs.
+        """
+        params = PoolingParams() if pooling_params is None else pooling_params
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"pooling_params must be a vx.PoolingParams or None, got {type(params).__name__}.")
+        single = is_single_prompt(prompt)
+        prompts = normalize_prompts(prompt)
+        ids = [uuid.uuid4().hex if request_id is None else request_id if single else f"{request_id}-{i}"
+               for i in range(len(prompts))]
+        streams = self._add_requests([PromptRequest(rid, p, params, priority=priority) for rid, p in zip(ids, prompts)])
+        outputs = await self._final_outputs(streams)
+        return outputs[0] if single else outputs
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: the engine frees it, and its stream ends with a final output (finish_reason 'abort')."""
@@ -251,21 +266,44 @@ class AsyncLLM:
 
     def _add_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None,
                      priority: int = 0) -> RequestStream:
+        rid = uuid.uuid4().hex if request_id is None else request_id
+        return self._add_requests([PromptRequest(rid, prompt, params, priority=priority)])[0]
+
+    def _add_requests(self, requests: list[PromptRequest]) -> list[RequestStream]:
+        """Submit `requests` all or nothing; a stream for each, in order."""
         client = self._require_client()
         self._drain_deferred()
-        rid = uuid.uuid4().hex if request_id is None else request_id
         self._busy = True
+        streams = []
         try:
-            (request,) = submit_requests(self.processor, self.output_processor, client,
-                                         [PromptRequest(rid, prompt, params, priority=priority)])
+            processed = submit_requests(self.processor, self.output_processor, client, requests)
             # Registered after the send: no output can be handled in between (the output task runs on this thread,
             # and nothing here awaits), and a failed submission leaves no stream to undo.
-            stream = RequestStream(rid, request.sampling_params.output_kind)
-            stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), rid)
-            self._streams[rid] = stream
+            for request in processed:
+                rid = request.request_id
+                stream = RequestStream(rid, request.sampling_params.output_kind)
+                stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), rid)
+                self._streams[rid] = stream
+                streams.append(stream)
         finally:
             self._busy = False
-        return stream
+        return streams
+
+    async def _final_outputs(self, streams: list[RequestStream]) -> list[Any]:
+        """Each stream's final output, in order; any error (cancellation too) aborts every request not yet done."""
+        outputs = []
+        try:
+            for stream in streams:
+                while True:
+                    output = await stream.get()
+                    if output.finished:
+                        outputs.append(output)
+                        break
+        except BaseException:
+            for stream in streams:
+                self._abort_now(stream)
+            raise
+        return outputs
 
     def _abort_now(self, stream: RequestStream) -> None:
         """Synchronous abort (works under cancellation and in finalizers): tell the engine, drop our state.

@@ -8,9 +8,10 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from vx.client.llm_engine import LLMEngine
-from vx.client.submit import Prompt, PromptRequest
+from vx.client.submit import Prompt, PromptRequest, normalize_prompts
 from vx.config import EngineArgs
-from vx.outputs import EngineStats, RequestOutput
+from vx.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -44,30 +45,43 @@ class LLM:
         nothing runs. A request the engine fails raises `vx.InvalidRequestError` (a ValueError: its input is at
         fault, e.g. a grammar that does not compile) or `vx.errors.EngineGenerateError`, and the rest is aborted.
         """
-        prompt_list = _normalize_prompts(prompts)
-        if sampling_params is None:
-            params_list = [SamplingParams()] * len(prompt_list)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(prompt_list)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(prompt_list):
-                raise ValueError(f"Got {len(prompt_list)} prompts but {len(params_list)} sampling params.")
-        for p in params_list:
-            if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}.")
+        prompt_list = normalize_prompts(prompts)
+        params_list = _per_prompt(sampling_params, SamplingParams, len(prompt_list), "sampling_params")
         params_list = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY) for p in params_list]
+        return self._run(prompt_list, params_list, priority, "Generating", use_tqdm)
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """The embedding of every prompt (`out.outputs.embedding`), in prompt order, as vLLM's `LLM.embed`.
+
+        Each prompt runs through the same scheduler and KV cache as generation (chunked prefill, prefix caching,
+        preemption) and ends after its prompt. Default pooling: the last token's final hidden state, L2-normalised
+        (`vx.PoolingParams` for mean pooling or Matryoshka `dimensions`). Bad input raises ValueError, nothing runs.
+        """
+        prompt_list = normalize_prompts(prompts)
+        params_list = _per_prompt(pooling_params, PoolingParams, len(prompt_list), "pooling_params")
+        return self._run(prompt_list, params_list, priority, "Embedding", use_tqdm)
+
+    def _run(self, prompt_list: list[Prompt], params_list: list[SamplingParams] | list[PoolingParams],
+             priority: Sequence[int] | None, desc: str, use_tqdm: bool) -> list[Any]:
+        """Queue one request per prompt (all or nothing) and step the engine until each has its final output;
+        the outputs in prompt order. An error aborts whatever is still running."""
         priorities = [0] * len(prompt_list) if priority is None else list(priority)
         if len(priorities) != len(prompt_list):
             raise ValueError(f"Got {len(prompt_list)} prompts but {len(priorities)} priorities.")
-
         engine = self.llm_engine
         requests = [PromptRequest(str(next(self._counter)), prompt, params, priority=prio)
                     for prompt, params, prio in zip(prompt_list, params_list, priorities)]
         engine.add_requests(requests)  # all or nothing
         order = {r.request_id: i for i, r in enumerate(requests)}
-        results: list[RequestOutput | None] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc="Generating", disable=not use_tqdm, dynamic_ncols=True)
+        results: list[Any] = [None] * len(requests)
+        bar = tqdm(total=len(requests), desc=desc, disable=not use_tqdm, dynamic_ncols=True)
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
@@ -80,7 +94,7 @@ class LLM:
             raise
         finally:
             bar.close()
-        return results  # type: ignore[return-value]
+        return results
 
     def chat(
         self,
@@ -121,14 +135,15 @@ class LLM:
         self.shutdown()
 
 
-def _normalize_prompts(prompts: Any) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, (list, tuple)):
-        if len(prompts) == 0:
-            raise ValueError("No prompts given.")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
-            return [list(prompts)]  # one prompt given as token ids
-        return list(prompts)
-    raise ValueError(f"prompts must be a str, a list of token ids, or a list of those; got "
-                     f"{type(prompts).__name__}.")
+def _per_prompt(params: Any, kind: type, num_prompts: int, name: str) -> list[Any]:
+    """`params` (None: `kind()`; one `kind`: for every prompt; else one per prompt) as a list, one per prompt;
+    `ValueError` naming the argument `name` for a wrong count or type."""
+    if params is None or isinstance(params, kind):
+        return [params if params is not None else kind()] * num_prompts
+    out = list(params)
+    if len(out) != num_prompts:
+        raise ValueError(f"Got {num_prompts} prompts but {len(out)} {name.replace('_', ' ')}.")
+    for p in out:
+        if not isinstance(p, kind):
+            raise ValueError(f"{name} must be {kind.__name__}, got {type(p).__name__}.")
+    return out

@@ -13,7 +13,8 @@ from vx.client.tokenizer import load_tokenizer
 from vx.config import EngineArgs, VxConfig
 from vx.core.protocol import InputError
 from vx.errors import EngineGenerateError, InvalidRequestError
-from vx.outputs import EngineStats, RequestOutput
+from vx.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ class LLMEngine:
         self.processor = Processor(config.model_config, self.tokenizer, config.scheduler_config.max_n_sequences)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Outputs of a step that raised (a request failed), handed out by the next `step()`.
-        self._deferred_outputs: list[RequestOutput] = []
+        self._deferred_outputs: list[RequestOutput | EmbeddingRequestOutput] = []
         self.engine_core: EngineCoreClient
         if multiprocess:
             from vx.client.core_client import SyncMPClient
@@ -41,7 +42,8 @@ class LLMEngine:
     def from_engine_args(cls, args: EngineArgs, multiprocess: bool = False) -> "LLMEngine":
         return cls(args.create_config(), multiprocess=multiprocess)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | PoolingParams | None = None,
                     arrival_time: float | None = None, priority: int = 0) -> None:
         """Validate, tokenize and queue one request (bad input raises ValueError, nothing queued)."""
         self.add_requests([PromptRequest(request_id, prompt, params, arrival_time, priority)])
@@ -56,8 +58,9 @@ class LLMEngine:
         self.output_processor.abort_requests(ids)
         self.engine_core.abort_requests(engine_ids)
 
-    def step(self) -> list[RequestOutput]:
-        """One engine step; returns the request outputs due now (per each request's output_kind).
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
+        """One engine step; returns the request outputs due now (per each request's output_kind; an embedding
+        request's one output when it ends).
 
         Raises for the requests the engine failed (the others go on, and this step's outputs come with the next
         call): `vx.InvalidRequestError` (a `ValueError`) when every one was refused for its input (e.g. a

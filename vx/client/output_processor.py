@@ -13,7 +13,8 @@ from vx.client.detokenizer import IncrementalDetokenizer
 from vx.client.parallel_sampling import ParentRequest
 from vx.core.protocol import EngineCoreOutput, EngineCoreRequest, FinishReason
 from vx.step import TokenLogprobs
-from vx.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from vx.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, PositionLogprobs,
+                        RequestOutput)
 from vx.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -21,7 +22,7 @@ from vx.sampling_params import RequestOutputKind, SamplingParams
 class ProcessedOutputs:
     """What one batch of engine outputs produced for the application, and what the engine must drop."""
 
-    request_outputs: list[RequestOutput] = field(default_factory=list)
+    request_outputs: list[RequestOutput | EmbeddingRequestOutput] = field(default_factory=list)
     # Requests finished here by a stop string while the engine still runs them: the caller must abort them.
     reqs_to_abort: list[str] = field(default_factory=list)
 
@@ -147,6 +148,25 @@ class RequestState:
             self.prompt_logprobs = [None, *to_position_logprobs(prompt, decode)]
 
 
+class PoolingRequestState:
+    """What the client tracks for one embedding request: nothing streams, its one output carries the embedding."""
+
+    parent = None  # never an n > 1 request
+
+    def __init__(self, request: EngineCoreRequest, prompt: str | None) -> None:
+        self.request_id = request.request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(request.prompt_token_ids)
+
+    def make_output(self, out: EngineCoreOutput) -> EmbeddingRequestOutput | None:
+        """The request's output once the engine ended it with its embedding; None before."""
+        if out.pooled is None:
+            return None
+        return EmbeddingRequestOutput(request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
+                                      outputs=EmbeddingOutput(out.pooled), finished=True,
+                                      num_cached_tokens=out.num_cached_tokens, prompt=self.prompt)
+
+
 def to_position_logprobs(tl: TokenLogprobs, decode: Any) -> list[PositionLogprobs]:
     """One {token id: Logprob} per position: the chosen token with its rank, then the top-k with ranks 1..k."""
     out = []
@@ -167,7 +187,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer  # a fast HF tokenizer, or None to return token ids only (text stays '')
-        self.request_states: dict[str, RequestState] = {}  # by engine request id
+        self.request_states: dict[str, RequestState | PoolingRequestState] = {}  # by engine request id
         self.parent_requests: dict[str, ParentRequest] = {}  # n > 1 requests, by the application's id
         self._token_text: dict[int, str] = {}  # decoded single tokens, for logprobs
 
@@ -177,6 +197,9 @@ class OutputProcessor:
         rid = request.request_id
         if rid in self.request_states or rid in self.parent_requests:
             raise ValueError(f"Request id {rid!r} is already in flight; request ids must be unique.")
+        if request.pooling_params is not None:
+            self.request_states[rid] = PoolingRequestState(request, prompt)
+            return [request]
         if request.sampling_params.n == 1:
             self.request_states[rid] = RequestState(request, prompt, self.tokenizer)
             return [request]
@@ -244,6 +267,13 @@ class OutputProcessor:
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue
+            if isinstance(state, PoolingRequestState):
+                embedding = state.make_output(out)
+                if out.finished:
+                    del self.request_states[out.request_id]
+                if embedding is not None:
+                    result.request_outputs.append(embedding)
+                continue
             if out.num_cached_tokens:
                 state.num_cached_tokens = out.num_cached_tokens
             if out.prompt_logprobs is not None:
@@ -288,8 +318,8 @@ class OutputProcessor:
 
     def _abort_state(self, engine_request_id: str) -> RequestOutput | None:
         state = self.request_states.pop(engine_request_id, None)
-        if state is None:
-            return None
+        if state is None or isinstance(state, PoolingRequestState):
+            return None  # an aborted embedding request has no output: its caller hears of the abort
         if state.detokenizer is not None:
             state.text += state.detokenizer.flush()
         state.finish_reason, state.stop_reason = "abort", None

@@ -13,7 +13,8 @@ from typing import Any
 from vx.client.tokenizer import eos_token_ids
 from vx.config import DEFAULT_MAX_N_SEQUENCES, ModelConfig
 from vx.core.protocol import EngineCoreRequest
-from vx.sampling_params import SamplingParams, StructuredOutputsParams, check_token_ids
+from vx.pooling_params import PoolingParams, check_dimensions
+from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams, check_token_ids
 
 
 class Processor:
@@ -33,27 +34,31 @@ class Processor:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams | None,
+        params: SamplingParams | PoolingParams | None,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> EngineCoreRequest:
-        """Validate and tokenize one request. `params=None` means default `SamplingParams()`.
+        """Validate and tokenize one request. `params=None` means default `SamplingParams()`; `PoolingParams` make
+        it an embedding request.
 
         max_tokens is clamped so that prompt + output never exceed max_model_len (None -> all the room left).
         `priority` (if non-zero) overrides `params.priority`. Raises `ValueError` on any bad input.
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}.")
-        if params is None:
-            params = SamplingParams()
-        elif not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be a vx.SamplingParams or None, got {type(params).__name__}.")
-        else:
-            params.verify()  # fields may have been changed in place since construction
         if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority must be an int32, got {type(priority).__name__} {priority!r}.")
         if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float))):
             raise ValueError(f"arrival_time must be a float (time.time()) or None, got {arrival_time!r}.")
+        if isinstance(params, PoolingParams):
+            return self._process_pooling(request_id, prompt, params, arrival_time, priority)
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a vx.SamplingParams, a vx.PoolingParams or None, got "
+                             f"{type(params).__name__}.")
+        else:
+            params.verify()  # fields may have been changed in place since construction
 
         prompt_token_ids = self._tokenize(prompt)
         self._check_token_ids("prompt token id", prompt_token_ids)
@@ -87,6 +92,28 @@ class Processor:
             arrival_time=time.time() if arrival_time is None else float(arrival_time),
             priority=priority or params.priority,
             bad_words_token_ids=bad_words_token_ids,
+        )
+
+    def _process_pooling(self, request_id: str, prompt: str | list[int], params: PoolingParams,
+                         arrival_time: float | None, priority: int) -> EngineCoreRequest:
+        """An embedding request: its prompt may fill max_model_len (nothing is generated); `dimensions` only where
+        the model's config allows it (`check_dimensions`)."""
+        params.verify()  # fields may have been changed in place since construction
+        check_dimensions(params, self.model_config.hf_config)
+        prompt_token_ids = self._tokenize(prompt)
+        self._check_token_ids("prompt token id", prompt_token_ids)
+        prompt_len, max_len = len(prompt_token_ids), self.model_config.max_model_len
+        if prompt_len > max_len:
+            raise ValueError(f"The prompt is {prompt_len} tokens long, but max_model_len is {max_len}: an "
+                             f"embedding's prompt may have at most {max_len} tokens.")
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            # Never sampled with: a pooling request ends with its prompt. FINAL_ONLY: it has one output.
+            sampling_params=SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY),
+            arrival_time=time.time() if arrival_time is None else float(arrival_time),
+            priority=priority,
+            pooling_params=params,
         )
 
     def _tokenize_bad_words(self, bad_words: list[str]) -> list[list[int]] | None:

@@ -8,9 +8,10 @@ step raises, everything registered so far is aborted in the engine and dropped f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vx.core.protocol import EngineCoreRequest
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class PromptRequest:
 
     request_id: str
     prompt: Prompt
-    params: SamplingParams | None = None
+    params: SamplingParams | PoolingParams | None = None  # PoolingParams: an embedding request
     arrival_time: float | None = None
     priority: int = 0
 
@@ -58,3 +59,21 @@ def submit_requests(processor: Processor, output_processor: OutputProcessor, cli
             output_processor.abort_requests(registered)
         raise
     return processed
+
+
+def is_single_prompt(prompts: Any) -> bool:
+    """True for one prompt (a str, or a list of token ids), False for a sequence of prompts."""
+    return isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompts))
+
+
+def normalize_prompts(prompts: Any) -> list[Prompt]:
+    """One prompt or a sequence of them, as a non-empty list of prompts; `ValueError` for anything else."""
+    if is_single_prompt(prompts):
+        return [prompts if isinstance(prompts, str) else list(prompts)]
+    if isinstance(prompts, (list, tuple)):
+        if len(prompts) == 0:
+            raise ValueError("No prompts given.")
+        return list(prompts)
+    raise ValueError(f"prompts must be a str, a list of token ids, or a list of those; got "
+                     f"{type(prompts).__name__}.")

@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from vx.errors import EngineGenerateError, EngineOverloadedError, InvalidRequestError
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams, check_token_ids
 from vx.step import TokenLogprobs
 
@@ -34,20 +35,30 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     priority: int = 0
     # `sampling_params.bad_words`, tokenized by the front end (each word with and without a leading space).
     bad_words_token_ids: list[list[int]] | None = None
+    # Set for an embedding request: it pools its prompt's hidden states and generates nothing (`sampling_params`
+    # is then a placeholder the engine does not sample with).
+    pooling_params: PoolingParams | None = None
 
     def verify_for_model(self, vocab_size: int, max_model_len: int) -> None:
-        """`ValueError` unless the prompt is 1 to max_model_len - 1 tokens long, every token id (prompt, eos, bad
-        words, params) is in the model's vocabulary and the params fit the model. The front end checks the same
-        before sending; the engine checks again at admission, since one bad id would fail the whole batch's forward
-        pass, and a prompt that can never fit would block the queue."""
-        if not 0 < len(self.prompt_token_ids) < max_model_len:
+        """`ValueError` unless the prompt is 1 to max_model_len - 1 tokens long (max_model_len for a pooling
+        request, which generates nothing), every token id (prompt, eos, bad words, params) is in the model's
+        vocabulary and the params fit the model. The front end checks the same before sending; the engine checks
+        again at admission, since one bad id would fail the whole batch's forward pass, and a prompt that can never
+        fit would block the queue."""
+        longest = max_model_len if self.pooling_params is not None else max_model_len - 1
+        if not 0 < len(self.prompt_token_ids) <= longest:
             raise ValueError(f"The prompt is {len(self.prompt_token_ids)} tokens long; it must have 1 to "
-                             f"{max_model_len - 1} tokens (max_model_len is {max_model_len}).")
+                             f"{longest} tokens (max_model_len is {max_model_len}).")
         check_token_ids("prompt token id", self.prompt_token_ids, vocab_size)
         check_token_ids("eos token id", self.eos_token_ids, vocab_size)
         for word in self.bad_words_token_ids or ():
             check_token_ids("bad_words token", word, vocab_size)
         self.sampling_params.verify_for_model(vocab_size)
+        params = self.sampling_params
+        if self.pooling_params is not None and (params.structured_outputs is not None or params.logprobs is not None
+                                                or params.prompt_logprobs is not None):
+            raise ValueError("A pooling (embedding) request samples nothing: structured_outputs, logprobs and "
+                             "prompt_logprobs do not apply to it.")
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=True):
@@ -61,6 +72,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, kw_o
     new_logprobs: TokenLogprobs | None = None  # one position per new token, when `logprobs` was asked for
     # All the prompt's positions but the first, with the first new token, when `prompt_logprobs` was asked for.
     prompt_logprobs: TokenLogprobs | None = None
+    # A pooling request's embedding, with its end (it has no new tokens).
+    pooled: list[float] | None = None
 
     @property
     def finished(self) -> bool:

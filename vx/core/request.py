@@ -6,6 +6,7 @@ import enum
 import time
 
 from vx.core.protocol import EngineCoreRequest, FinishReason
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 
 
@@ -42,7 +43,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
         "priority", "status", "output_token_ids", "all_token_ids", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "stop_reason", "num_preemptions", "max_tokens",
-        "bad_words_token_ids", "prompt_logprobs", "num_output_tokens_sent",
+        "bad_words_token_ids", "prompt_logprobs", "num_output_tokens_sent", "pooling_params",
     )
 
     def __init__(
@@ -54,6 +55,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         bad_words_token_ids: list[list[int]] | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -62,6 +64,7 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
         self.bad_words_token_ids = bad_words_token_ids or None
+        self.pooling_params = pooling_params  # set: an embedding request, ended by its pooled prompt
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -79,7 +82,8 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
         return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params,
-                   req.eos_token_ids, req.arrival_time or None, req.priority, req.bad_words_token_ids)
+                   req.eos_token_ids, req.arrival_time or None, req.priority, req.bad_words_token_ids,
+                   req.pooling_params)
 
     @property
     def num_tokens(self) -> int:

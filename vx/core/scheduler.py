@@ -149,8 +149,8 @@ class Scheduler:
             if grammars is not None and not grammars.is_ready(req.request_id):
                 skipped.append(self.waiting.pop())
                 continue
-            if req.sampling_params.prompt_logprobs is not None and not req.output_token_ids:
-                computed_blocks, num_computed = [], 0  # every prompt position must run to get its logprobs
+            if _needs_every_prompt_position(req):
+                computed_blocks, num_computed = [], 0  # every prompt position must run (logprobs, mean pooling)
             else:
                 computed_blocks, num_computed = kv.get_computed_blocks(req)
             num_new = req.num_tokens - num_computed
@@ -170,7 +170,7 @@ class Scheduler:
                 req_id=req.request_id, prompt_token_ids=req.prompt_token_ids, sampling_params=req.sampling_params,
                 block_ids=kv.get_block_ids(req.request_id), num_computed_tokens=num_computed,
                 output_token_ids=list(req.output_token_ids), eos_token_ids=tuple(sorted(req.eos_token_ids)),
-                bad_words_token_ids=req.bad_words_token_ids), num_new)
+                bad_words_token_ids=req.bad_words_token_ids, pooling_params=req.pooling_params), num_new)
             plan.preempted_req_ids.discard(req.request_id)  # resumed in the step that preempted it
         for req in reversed(skipped):
             self.waiting.prepend(req)
@@ -231,6 +231,8 @@ class Scheduler:
             self._fail(error)
         if runner_output.prompt_logprobs:
             self._collect_prompt_logprobs(runner_output.prompt_logprobs)
+        if runner_output.pooled:
+            self._finish_pooled(runner_output.pooled, outputs, finished)
         row_logprobs = runner_output.logprobs
         for row, (req_id, token) in enumerate(zip(runner_output.req_ids, runner_output.sampled_token_ids)):
             req = self.requests.get(req_id)
@@ -262,6 +264,21 @@ class Scheduler:
         errors, self._errors = self._errors, []
         return EngineCoreOutputs(outputs=outputs, timestamp=time.monotonic(), finished_requests=finished,
                                  input_errors=errors)
+
+    def _finish_pooled(self, pooled: dict[str, list[float]], outputs: list[EngineCoreOutput],
+                       finished: list[str]) -> None:
+        """End each pooling request whose prompt is done: it reports its embedding, generates nothing, and frees
+        its blocks (their full blocks stay in the prefix cache)."""
+        for req_id, embedding in pooled.items():
+            req = self.requests.get(req_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted while its step was in flight
+            self.running.remove(req)
+            req.status = RequestStatus.FINISHED_STOPPED
+            self._free(req)
+            finished.append(req_id)
+            outputs.append(EngineCoreOutput(request_id=req_id, new_token_ids=[], finish_reason=req.status.finish_reason,
+                                            num_cached_tokens=max(req.num_cached_tokens, 0), pooled=embedding))
 
     def _collect_prompt_logprobs(self, chunks: dict[str, tuple[int, TokenLogprobs]]) -> None:
         """Gather each request's prompt logprobs, chunk by chunk, until its first token carries them out.
@@ -304,6 +321,15 @@ class Scheduler:
         its caller hears why with the next outputs."""
         if self.finish_requests([error.request_id], RequestStatus.FINISHED_ABORTED):
             self._errors.append(error)
+
+
+def _needs_every_prompt_position(req: Request) -> bool:
+    """True when no prompt token of `req` may come from the prefix cache: it wants every prompt position's
+    logprobs, or mean-pools every prompt token's hidden state (while it has generated nothing yet)."""
+    if req.output_token_ids:
+        return False
+    pooling = req.pooling_params
+    return req.sampling_params.prompt_logprobs is not None or (pooling is not None and pooling.needs_all_tokens)
 
 
 @dataclass

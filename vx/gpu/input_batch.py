@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from vx.gpu.sampling_metadata import make_generator
+from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams
 from vx.step import SchedulerOutput
 
@@ -26,6 +27,10 @@ class CachedRequestState:
     generator: torch.Generator | None = None
     eos_token_ids: tuple[int, ...] = ()
     bad_words_token_ids: list[list[int]] | None = None
+    # An embedding request: how it pools, and (mean pooling) the sum of its hidden states over the chunks so far.
+    pooling_params: PoolingParams | None = None
+    pooled_sum: torch.Tensor | None = None
+    num_pooled_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -55,6 +60,7 @@ class StepInputs:
     sampling_states: list[CachedRequestState]
     max_query_len: int
     max_seq_len: int
+    pooling_rows: list[int] = field(default_factory=list)  # batch rows of the pooling requests
 
 
 class InputBatch:
@@ -67,6 +73,8 @@ class InputBatch:
         # Generators of preempted requests: a resumed request draws on from where it stopped, so that a
         # seeded request's text does not depend on whether memory pressure preempted it.
         self.parked_generators: dict[str, torch.Generator | None] = {}
+        # The live pooling requests: while there are none, a step spends nothing on pooling.
+        self.pooling_req_ids: set[str] = set()
 
     def update_states(self, scheduler_output: SchedulerOutput) -> dict[str, str]:
         """Drop ended requests, park preempted ones, register new (or resumed) ones, and bring the running ones up
@@ -80,10 +88,12 @@ class InputBatch:
         for req_id in scheduler_output.finished_req_ids:
             self.states.pop(req_id, None)
             self.parked_generators.pop(req_id, None)
+            self.pooling_req_ids.discard(req_id)
         for req_id in scheduler_output.preempted_req_ids:
             state = self.states.pop(req_id, None)
             if state is not None:
                 self.parked_generators[req_id] = state.generator
+            self.pooling_req_ids.discard(req_id)  # its partial sum is gone: it starts over when it resumes
         for new in scheduler_output.scheduled_new_reqs:
             old = self.states.get(new.req_id)  # preempted and resumed within one step
             if old is not None:
@@ -101,7 +111,10 @@ class InputBatch:
                 req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, sampling_params=new.sampling_params,
                 block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=list(new.output_token_ids), generator=generator,
-                eos_token_ids=tuple(new.eos_token_ids), bad_words_token_ids=new.bad_words_token_ids)
+                eos_token_ids=tuple(new.eos_token_ids), bad_words_token_ids=new.bad_words_token_ids,
+                pooling_params=new.pooling_params)
+            if new.pooling_params is not None:
+                self.pooling_req_ids.add(new.req_id)
         for cached in scheduler_output.scheduled_cached_reqs:
             state = self.states[cached.req_id]
             state.num_computed_tokens = cached.num_computed_tokens
@@ -138,6 +151,10 @@ class InputBatch:
         slot_mapping = (block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs)
 
         sampling_rows = [i for i, s in enumerate(states) if seq_lens[i] >= s.num_tokens]
+        pooling_rows: list[int] = []
+        if self.pooling_req_ids:  # a pooling request never samples
+            pooling_rows = [i for i, s in enumerate(states) if s.pooling_params is not None]
+            sampling_rows = [i for i in sampling_rows if states[i].pooling_params is None]
         logits_indices = torch.from_numpy(qsl[1:][sampling_rows].astype(np.int64) - 1)
         return StepInputs(
             input_ids=torch.tensor(token_ids, dtype=torch.int64),
@@ -151,4 +168,5 @@ class InputBatch:
             sampling_states=[states[i] for i in sampling_rows],
             max_query_len=int(num_sched.max()) if n else 0,
             max_seq_len=int(seq_lens.max()) if n else 0,
+            pooling_rows=pooling_rows,
         )

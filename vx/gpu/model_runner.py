@@ -15,6 +15,7 @@ from vx.gpu.decode_graphs import DecodeGraphs
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
 from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
+from vx.gpu.pooler import pool_step
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
 from vx.models.layers.quantization import get_quantization_config
@@ -85,7 +86,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Compute the scheduled tokens and sample one token for each request that reached its end.
+        """Compute the scheduled tokens and sample one token for each request that reached its end (a pooling
+        request pools its hidden states instead, see vx/gpu/pooler.py).
 
         Work that belongs to one request (its sampling state, its sampling, its prompt logprobs) fails that request
         alone: it is reported in `ModelRunnerOutput.failed`, and the others sample as they would have. Only a
@@ -99,9 +101,13 @@ class ModelRunner:
         # them in this very step (prefix caching registers blocks when they are allocated).
         hidden = self._forward(scheduler_output, inp)
         prompt_logprobs = self._prompt_logprobs(scheduler_output, inp.query_start_loc, hidden, failed)
+        pooled = None
+        if inp.pooling_rows:  # embedding requests: their hidden states, pooled; they sample nothing
+            batch_states = [self.input_batch.states[req_id] for req_id in scheduler_output.req_ids]
+            pooled = pool_step(batch_states, inp.pooling_rows, hidden, inp.query_start_loc, inp.seq_lens, failed)
         rows = [i for i, req_id in enumerate(inp.sampling_req_ids) if req_id not in failed]
         if not rows:
-            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs, failed=failed)
+            return ModelRunnerOutput([], [], prompt_logprobs=prompt_logprobs, failed=failed, pooled=pooled)
         logits = self.model.compute_logits(hidden[inp.logits_indices.to(self.device)])
         if scheduler_output.grammar_bitmask is not None:
             # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
@@ -111,7 +117,7 @@ class ModelRunner:
             logits = logits[torch.tensor(rows, device=self.device)]
         states = [inp.sampling_states[i] for i in rows]
         states, sampled, row_logprobs = self._sample(logits, states, failed)
-        return ModelRunnerOutput([s.req_id for s in states], sampled, row_logprobs, prompt_logprobs, failed)
+        return ModelRunnerOutput([s.req_id for s in states], sampled, row_logprobs, prompt_logprobs, failed, pooled)
 
     def _forward(self, scheduler_output: SchedulerOutput, inp: StepInputs) -> torch.Tensor:
         """The step's hidden states [T, hidden]: through a compiled decode graph when the step is decode-only and

@@ -1,6 +1,6 @@
 """The OpenAI-compatible app: `build_app(llm, ...)` returns a FastAPI app serving one `vx.AsyncLLM`.
 
-Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (behind the API key, if one is set), and
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings` (behind the API key, if one is set), and
 `/health`, `/metrics`, `/openapi.json` (open, for probes, scrapers and clients). The request guard
 (guard.py) admits each request before any route runs; the app's lifespan starts the engine and stops it.
 This module runs in the application's process: it never imports torch (the model lives in the engine process).
@@ -22,13 +22,14 @@ import vx
 from vx.errors import EngineDeadError
 from vx.serve.chat import create_chat_completion
 from vx.serve.completions import create_completion
+from vx.serve.embeddings import create_embeddings
 from vx.serve.errors import APIError, install_error_handlers
 from vx.serve.guard import GENERATION_PATHS, RequestGuard
 from vx.serve.metrics import ServerMetrics
 from vx.serve.openapi import openapi_document
 from vx.serve.options import ServerOptions
 from vx.serve.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
-                               ModelCard, ModelList)
+                               EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList)
 from vx.serve.state import ServerState
 from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
@@ -124,6 +125,11 @@ def _v1_router(state: ServerState) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request.state.vx_counted = True
         return await create_chat_completion(state, body, request.receive)
+
+    @router.post("/embeddings", response_model=EmbeddingResponse)
+    async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+        request.state.vx_counted = True
+        return await create_embeddings(state, body, request.receive)
 
     return router
 

@@ -18,7 +18,7 @@ from vx.serve.protocol import (CompletionChoice, CompletionLogprobs, CompletionR
                                UsageInfo)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
-from vx.serve.tokenize import check_prompt_length, encode_prompt, in_thread
+from vx.serve.tokenize import in_thread, tokenize_prompts
 
 ENDPOINT = "/v1/completions"
 
@@ -39,7 +39,7 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
         raise bad_request("suffix is not supported.", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported (only best_of == n).", "best_of")
-    texts, prompts = await in_thread(partial(_prompts, req.prompt, state.tokenizer, state.max_model_len),
+    texts, prompts = await in_thread(partial(tokenize_prompts, req.prompt, state.tokenizer, state.max_model_len),
                                      state.tokenize_limiter)
     structured = structured_outputs(req, req.response_format, None, max_json_depth=state.options.max_json_depth)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, structured=structured,
@@ -136,36 +136,6 @@ class _View:
                 out.append(CompletionChoice(index=c.index, text=head + c.text, logprobs=lp,
                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason))
         return out
-
-
-def _prompts(prompt: Any, tokenizer: Any, max_model_len: int | None) -> tuple[list[str | None], list[list[int]]]:
-    """OpenAI's four prompt forms (str, [str], [int], [[int]]) as (texts, token ids); text is tokenized
-    here, with the model's special tokens (e.g. BOS), as a text prompt to vx.AsyncLLM would be. Runs in a
-    worker thread (vx/serve/tokenize.py): megabytes of text take seconds."""
-    if isinstance(prompt, str):
-        items: list[Any] = [prompt]
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        items = [list(prompt)]
-    else:
-        items = list(prompt)
-    if not items:
-        raise bad_request("prompt must not be empty.", "prompt")
-    texts: list[str | None] = []
-    ids: list[list[int]] = []
-    for i, p in enumerate(items):
-        if isinstance(p, str):
-            if not p:
-                raise bad_request(f"prompt {i} is empty.", "prompt")
-            texts.append(p)
-            ids.append(encode_prompt(tokenizer, p, add_special_tokens=True, max_model_len=max_model_len,
-                                     param="prompt"))
-        else:
-            if not p:
-                raise bad_request(f"prompt {i} is an empty token list.", "prompt")
-            texts.append(None)
-            ids.append(list(p))
-            check_prompt_length(len(p), max_model_len, "prompt")
-    return texts, ids
 
 
 def _usage(jobs: list[EngineJob]) -> UsageInfo:

@@ -89,19 +89,8 @@ class EngineJob:
                 self.finished = out.finished
                 if on_delta is not None:
                     await on_delta(self, out)
-        except InvalidRequestError as e:  # the engine refused the input (e.g. a grammar that does not compile)
-            raise bad_request(str(e), _param_of(str(e))) from None
-        except ValueError as e:
-            if not first:
-                raise unexpected_error(e, self.request_id) from None  # not the input's fault
-            # the prompt or the params, found when the request was submitted
-            raise bad_request(str(e), _param_of(str(e))) from None
-        except EngineDeadError as e:
-            raise APIError(f"The engine is not running: {e}", 503, code="engine_dead") from None
-        except EngineOverloadedError as e:  # no capacity in time (a busy compile pool): the client may retry
-            raise APIError(str(e), 503, code="overloaded", headers={"Retry-After": "1"}) from None
-        except EngineGenerateError as e:  # the engine failed this request alone: its log says why
-            raise unexpected_error(e, self.request_id) from None
+        except (ValueError, EngineDeadError, EngineGenerateError) as e:
+            raise engine_api_error(e, self.request_id, accepted=not first) from None
         except anyio.get_cancelled_exc_class():  # the client went away: the request was aborted
             if not self.finished:
                 self.timer.finished(["abort"] * len(self.choices))
@@ -115,6 +104,25 @@ class EngineJob:
     @property
     def num_generated(self) -> int:
         return sum(len(c.token_ids) for c in self.choices)
+
+
+def engine_api_error(e: ValueError | EngineDeadError | EngineGenerateError, request_id: str, *,
+                     accepted: bool, prompt_param: str = "prompt") -> APIError:
+    """The answer to an error of an engine request (`accepted`: it had produced output): a 400 for its input's
+    fault (naming the request's prompt field `prompt_param` when it is about the prompt), a 503 for a dead or busy
+    engine, else a 500 whose details stay in the log."""
+    if isinstance(e, InvalidRequestError):  # the engine refused the input (e.g. a grammar that does not compile)
+        return bad_request(str(e), _param_of(str(e), prompt_param))
+    if isinstance(e, ValueError):
+        if accepted:
+            return unexpected_error(e, request_id)  # not the input's fault
+        # the prompt or the params, found when the request was submitted
+        return bad_request(str(e), _param_of(str(e), prompt_param))
+    if isinstance(e, EngineDeadError):
+        return APIError(f"The engine is not running: {e}", 503, code="engine_dead")
+    if isinstance(e, EngineOverloadedError):  # no capacity in time (a busy compile pool): the client may retry
+        return APIError(str(e), 503, code="overloaded", headers={"Retry-After": "1"})
+    return unexpected_error(e, request_id)  # the engine failed this request alone: its log says why
 
 
 def make_jobs(prompts: Sequence[list[int]], params: SamplingParams, base_id: str, metrics: ServerMetrics,
@@ -148,12 +156,12 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
     return group.exceptions[0]
 
 
-def _param_of(message: str) -> str | None:
+def _param_of(message: str, prompt_param: str = "prompt") -> str | None:
     lowered = message.lower()
     if lowered.startswith("n="):
         return "n"
     if "prompt" in lowered:
-        return "prompt"
+        return prompt_param
     return None
 
 

@@ -7,7 +7,9 @@ answer, never a stale value.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -53,6 +55,15 @@ class ServerMetrics:
 
     def record_error(self, endpoint: str) -> None:
         self.requests.labels(endpoint, "error").inc()
+
+    @contextlib.contextmanager
+    def errors_counted(self, endpoint: str) -> Iterator[None]:
+        """Count any exception raised inside as a failed request of `endpoint` (unexpected ones too), and re-raise."""
+        try:
+            yield
+        except Exception:
+            self.record_error(endpoint)
+            raise
 
     def update_engine(self, stats: EngineStats) -> None:
         """Set the gauges from an engine snapshot."""

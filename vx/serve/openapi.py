@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from vx.serve.chat import ENDPOINT as CHAT_ENDPOINT
 from vx.serve.completions import ENDPOINT as COMPLETIONS_ENDPOINT
+from vx.serve.guard import GENERATION_PATHS
 from vx.serve.protocol import ChatCompletionChunk, CompletionResponse, ErrorResponse
 
 _STREAM_CHUNKS: dict[str, type[BaseModel]] = {COMPLETIONS_ENDPOINT: CompletionResponse,
@@ -44,7 +45,7 @@ def _statuses(path: str, method: str) -> list[int]:
         statuses.append(404)
     if method == "post":
         statuses += [400, 408, 413]
-    if path in _STREAM_CHUNKS:
+    if path in GENERATION_PATHS:  # they name a model and count against the concurrency limit
         statuses += [404, 429]
     return sorted(set(statuses))
 
@@ -52,7 +53,7 @@ def _statuses(path: str, method: str) -> list[int]:
 def openapi_document(app: FastAPI, *, title: str, version: str, api_key_required: bool) -> dict[str, Any]:
     """The document for `app`'s routes, with the error responses and streams the server sends."""
     doc = get_openapi(title=title, version=version, routes=app.routes,
-                      description="OpenAI-compatible completions and chat of one model, served by vx.")
+                      description="OpenAI-compatible completions, chat and embeddings of one model, served by vx.")
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422, which vx never sends
         schemas.pop(name, None)

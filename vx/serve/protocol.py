@@ -199,6 +199,39 @@ class CompletionResponse(_Response):
     system_fingerprint: str | None = None
 
 
+# ------------------------------------------------------------------------------------------------ embeddings
+class EmbeddingRequest(_Request):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    # Matryoshka: keep the first `dimensions` values, re-normalised; only for a model whose config allows it.
+    dimensions: int | None = None
+    user: str | None = None
+    # vx's extras (through the openai client's `extra_body`): how to pool, and whether to L2-normalise.
+    pooling_type: Literal["last", "mean"] = "last"
+    normalize: bool = True
+
+
+class EmbeddingData(_Response):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # a str: base64 of the float32 values, little-endian
+
+
+class EmbeddingUsage(_Response):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingResponse(_Response):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: EmbeddingUsage
+
+
 class TopLogprob(_Response):
     token: str
     logprob: float
