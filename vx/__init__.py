@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from vx.config import EngineArgs
     from vx.model_source import DEFAULT_MODEL
     from vx.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
-    from vx.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, EngineStats, Logprob, RequestOutput
+    from vx.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, EngineStats, Logprob,
+                            RequestOutput)
     from vx.pooling_params import PoolingParams
     from vx.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible app: `build_app(llm, ...)` returns a FastAPI app serving one `vx.AsyncLLM`.
 
-Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings` (behind the API key, if one is set), and
-`/health`, `/metrics`, `/openapi.json` (open, for probes, scrapers and clients). The request guard
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings` (behind the API key, if one is
+set), and `/health`, `/metrics`, `/openapi.json` (open, for probes, scrapers and clients). The request guard
 (guard.py) admits each request before any route runs; the app's lifespan starts the engine and stops it.
 This module runs in the application's process: it never imports torch (the model lives in the engine process).
 """
