@@ -22,10 +22,10 @@ from vx.step import (CachedRequestData, ModelRunnerOutput, NewRequestData, Sched
 def _every_field_set() -> SchedulerOutput:
     new = NewRequestData(req_id="new", prompt_token_ids=[1, 2, 3], sampling_params=SamplingParams(
         temperature=0.7, top_k=5, seed=-3, max_tokens=9, stop=["x"], logit_bias={4: 1.5}),
-        block_ids=[4, 5], num_computed_tokens=2, output_token_ids=[9], eos_token_ids=(0, 7),
+        block_ids=[[4, 5]], num_computed_tokens=2, output_token_ids=[9], eos_token_ids=(0, 7),
         bad_words_token_ids=[[3, 4], [5]], pooling_params=PoolingParams(pooling_type="mean", normalize=False,
                                                                           dimensions=8))
-    cached = CachedRequestData(req_id="old", num_computed_tokens=17, new_token_ids=[8], new_block_ids=[6])
+    cached = CachedRequestData(req_id="old", num_computed_tokens=17, new_token_ids=[8], new_block_ids=[[6]])
     bitmask = np.array([[-1, 0x0F0F, 7]], dtype=np.int32)
     return SchedulerOutput(scheduled_new_reqs=[new], scheduled_cached_reqs=[cached],
                            num_scheduled_tokens={"new": 2, "old": 1}, total_num_scheduled_tokens=3,

@@ -49,7 +49,7 @@ class NewRequestData(msgspec.Struct, array_like=True, omit_defaults=True, kw_onl
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]  # its whole block table
+    block_ids: list[list[int]]  # its whole block table, one per KV-cache group (most models: one)
     num_computed_tokens: int  # tokens whose KV those blocks already hold (a prefix-cache hit)
     output_token_ids: list[int] = []  # the output so far (resumed after preemption)
     # For the logits processors (repetition penalty, min_tokens, bad words):
@@ -64,7 +64,7 @@ class CachedRequestData(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     req_id: str
     num_computed_tokens: int
     new_token_ids: list[int] = []  # tokens it gained since (the ones sampled for it)
-    new_block_ids: list[int] = []  # blocks added to its table since
+    new_block_ids: list[list[int]] = []  # blocks added to its table of each group since
 
 
 class SchedulerOutput(msgspec.Struct, omit_defaults=True, kw_only=True):

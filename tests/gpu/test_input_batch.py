@@ -26,7 +26,7 @@ def plan(new=(), cached=(), finished=(), preempted=()) -> SchedulerOutput:
 
 def new_req(req_id, prompt, blocks, computed=0, output=(), seed=None) -> NewRequestData:
     return NewRequestData(req_id=req_id, prompt_token_ids=list(prompt), sampling_params=SamplingParams(seed=seed),
-                          block_ids=list(blocks), num_computed_tokens=computed, output_token_ids=list(output))
+                          block_ids=[list(blocks)], num_computed_tokens=computed, output_token_ids=list(output))
 
 
 def test_a_chunked_prefill_then_decode_flattens_tokens_positions_and_slots():
@@ -49,11 +49,11 @@ def test_a_chunked_prefill_then_decode_flattens_tokens_positions_and_slots():
 
     # Decode: the token sampled last step arrives with the plan, with a new block.
     p = plan(cached=[(CachedRequestData(req_id="a", num_computed_tokens=6, new_token_ids=[55],
-                                        new_block_ids=[9]), 1)])
+                                        new_block_ids=[[9]]), 1)])
     batch.update_states(p)
     step = batch.prepare(p)
     assert step.input_ids.tolist() == [55] and step.positions.tolist() == [6] and step.slot_mapping.tolist() == [14]
-    assert batch.states["a"].block_ids == [7, 3, 9] and batch.states["a"].output_token_ids == [55]
+    assert batch.states["a"].block_ids == [[7, 3, 9]] and batch.states["a"].output_token_ids == [55]
     assert step.sampling_states[0].output_token_ids == [55]  # what the penalties see
 
 
@@ -101,7 +101,7 @@ def test_a_request_preempted_and_resumed_in_one_step_keeps_its_generator():
     batch.update_states(plan(new=[(new_req("a", [1, 2], [1], seed=5), 2)]))
     generator = batch.states["a"].generator
     batch.update_states(plan(new=[(new_req("a", [1, 2], [2], output=[9], seed=5), 3)]))
-    assert batch.states["a"].generator is generator and batch.states["a"].block_ids == [2]
+    assert batch.states["a"].generator is generator and batch.states["a"].block_ids == [[2]]
 
 
 def test_an_unseeded_request_has_no_generator_and_a_seeded_one_its_own():

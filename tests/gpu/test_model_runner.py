@@ -49,7 +49,7 @@ def plan(new=(), cached=(), finished=(), grammar=None) -> SchedulerOutput:
 
 def new_req(req_id: str, blocks: list[int], **params) -> NewRequestData:
     return NewRequestData(req_id=req_id, prompt_token_ids=PROMPT, sampling_params=SamplingParams(**params),
-                          block_ids=blocks, num_computed_tokens=0)
+                          block_ids=[blocks], num_computed_tokens=0)
 
 
 def hf_greedy(hf_model, tokens: list[int], steps: int) -> list[int]:
@@ -79,10 +79,10 @@ def test_two_requests_in_one_batch_get_what_each_gets_alone(config):
     together = make_runner(config).execute_model(plan(new=[
         (new_req("a", [1, 2, 3], temperature=0.0), 10),
         (NewRequestData(req_id="b", prompt_token_ids=PROMPT[:5], sampling_params=SamplingParams(temperature=0.0),
-                        block_ids=[4, 5], num_computed_tokens=0), 5)]))
+                        block_ids=[[4, 5]], num_computed_tokens=0), 5)]))
     alone_a = make_runner(config).execute_model(plan(new=[(new_req("a", [1, 2, 3], temperature=0.0), 10)]))
     alone_b = make_runner(config).execute_model(plan(new=[(NewRequestData(
-        req_id="b", prompt_token_ids=PROMPT[:5], sampling_params=SamplingParams(temperature=0.0), block_ids=[7, 9],
+        req_id="b", prompt_token_ids=PROMPT[:5], sampling_params=SamplingParams(temperature=0.0), block_ids=[[7, 9]],
         num_computed_tokens=0), 5)]))
     assert together.req_ids == ["a", "b"]
     assert together.sampled_token_ids == alone_a.sampled_token_ids + alone_b.sampled_token_ids
@@ -134,7 +134,7 @@ def hf_hidden(hf_model) -> torch.Tensor:
 
 def pooling_req(req_id: str, blocks: list[int], **params) -> NewRequestData:
     return NewRequestData(req_id=req_id, prompt_token_ids=PROMPT, sampling_params=SamplingParams(max_tokens=1),
-                          block_ids=blocks, num_computed_tokens=0, pooling_params=PoolingParams(**params))
+                          block_ids=[blocks], num_computed_tokens=0, pooling_params=PoolingParams(**params))
 
 
 @pytest.mark.parametrize("pooling_type", ["last", "mean"])

@@ -79,7 +79,7 @@ def test_a_step_runs_through_the_worker_and_seeds_torch(tiny_model_dir):
     assert torch.initial_seed() == 7
     worker.initialize_kv_cache(40)
     plan = SchedulerOutput(scheduled_new_reqs=[NewRequestData(
-        req_id="a", prompt_token_ids=[5, 6, 7], sampling_params=SamplingParams(temperature=0.0), block_ids=[1],
+        req_id="a", prompt_token_ids=[5, 6, 7], sampling_params=SamplingParams(temperature=0.0), block_ids=[[1]],
         num_computed_tokens=0)], scheduled_cached_reqs=[], num_scheduled_tokens={"a": 3}, total_num_scheduled_tokens=3)
     out = worker.execute_model(plan)
     assert out.req_ids == ["a"] and len(out.sampled_token_ids) == 1

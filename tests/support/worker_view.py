@@ -19,7 +19,7 @@ class Share:
     is_new: bool  # sent whole in this step (first scheduled, or resumed after preemption)
     token_ids: list[int]  # the tokens it computes now, from position `num_computed_tokens` on
     num_computed_tokens: int
-    new_block_ids: list[int]  # its whole block table when is_new, else the blocks added in this step
+    new_block_ids: list[int]  # its whole block table when is_new, else the blocks added in this step (first group)
     samples: bool  # this step reaches the end of its tokens
 
 
@@ -56,8 +56,8 @@ class WorkerView:
         return ViewedStep(scheduler_output, shares)
 
     def _share(self, scheduler_output: SchedulerOutput, req_id: str, is_new: bool, num_computed: int,
-               block_ids: list[int]) -> Share:
+               block_ids: list[list[int]]) -> Share:
         tokens = self.tokens[req_id]
         count = scheduler_output.num_scheduled_tokens[req_id]
-        return Share(req_id, is_new, tokens[num_computed:num_computed + count], num_computed, list(block_ids),
+        return Share(req_id, is_new, tokens[num_computed:num_computed + count], num_computed, list(block_ids[0]),
                      num_computed + count >= len(tokens))

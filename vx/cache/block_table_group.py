@@ -15,16 +15,16 @@ inline, for speed). A model that mixes kinds (Gemma: sliding-window and global l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from vx.cache.block_hash import BlockHash
 from vx.cache.block_pool import BlockPool
 from vx.cache.kv_cache_block import KVCacheBlock
 
 
-@dataclass(frozen=True)
-class KVCacheGroupSpec:
-    """One group of layers: their attention kind and the blocks of their pool."""
+class KVCacheGroupSpec(msgspec.Struct, frozen=True):
+    """One group of layers: the blocks of their pool and their attention kind (crosses to the engine whole)."""
 
     num_blocks: int
     sliding_window: int | None = None  # None: full attention

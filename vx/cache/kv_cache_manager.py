@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from vx.cache.block_hash import BlockHash, update_block_hashes
 from vx.cache.kv_cache_block import KVCacheBlock
-from vx.cache.kv_cache_coordinator import KVCacheCoordinator, UnitaryKVCacheCoordinator
+from vx.cache.block_table_group import KVCacheGroupSpec
+from vx.cache.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheCoordinator, UnitaryKVCacheCoordinator
 
 
 class CacheRequest(Protocol):
@@ -55,12 +56,20 @@ class KVCacheManager:
     (store-then-attend), and a scheduled request is not freed before its step has run.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 groups: Sequence[KVCacheGroupSpec] = ()) -> None:
+        """`groups`: one per attention kind when the model has sliding-window layers (then each group has its own
+        pool, and the block lists are per group); empty: one full-attention group of `num_blocks` blocks."""
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.coordinator: KVCacheCoordinator = UnitaryKVCacheCoordinator(
-            num_blocks, block_size, enable_caching)
-        self.block_pool = self.coordinator.block_pool
+        self.hybrid: HybridKVCacheCoordinator | None = None
+        if groups:
+            self.hybrid = HybridKVCacheCoordinator(groups, block_size, enable_caching)
+            self.pools = self.hybrid.pools
+        else:
+            self.coordinator: KVCacheCoordinator = UnitaryKVCacheCoordinator(num_blocks, block_size, enable_caching)
+            self.pools = [self.coordinator.block_pool]
+        self.block_pool = self.pools[0]
         self.prefix_cache_queried_tokens = 0
         self.prefix_cache_hit_tokens = 0
 
@@ -79,8 +88,11 @@ class KVCacheManager:
             return [], 0
         update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
         num_tokens = request.num_tokens
-        blocks = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
-        num_hit_tokens = len(blocks) * self.block_size
+        if self.hybrid is not None:
+            blocks, num_hit_tokens = self.hybrid.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
+        else:
+            blocks = self.coordinator.find_longest_cache_hit(request.block_hashes, num_tokens - 1)
+            num_hit_tokens = len(blocks) * self.block_size
         if request.num_computed_tokens == 0:
             self.prefix_cache_queried_tokens += num_tokens
             self.prefix_cache_hit_tokens += num_hit_tokens
@@ -99,6 +111,8 @@ class KVCacheManager:
         `get_computed_blocks`, only allowed while the request holds no blocks. Blocks that
         become full once these tokens are computed are registered in the prefix cache.
         """
+        if self.hybrid is not None:
+            return self._allocate_hybrid(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks)
         computed = new_computed_blocks if new_computed_blocks is not None else ()
         if num_new_tokens < 0 or num_new_computed_tokens != len(computed) * self.block_size:
             raise ValueError(f"bad allocate_slots arguments: num_new_tokens={num_new_tokens}, "
@@ -120,43 +134,81 @@ class KVCacheManager:
                                  num_tokens if num_tokens < num_known else num_known)
         return new_blocks
 
+    def _allocate_hybrid(self, request: CacheRequest, num_new_tokens: int, num_new_computed_tokens: int,
+                         new_computed_blocks: Any) -> list[list[KVCacheBlock]] | None:
+        """`allocate_slots` over several groups: the new blocks per group."""
+        hits = new_computed_blocks or None
+        num_hit = len(hits[0]) * self.block_size if hits else 0
+        if num_new_tokens < 0 or num_new_computed_tokens != num_hit:
+            raise ValueError(f"bad allocate_slots arguments: num_new_tokens={num_new_tokens}, "
+                             f"num_new_computed_tokens={num_new_computed_tokens}, a hit of {num_hit} tokens")
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens = num_computed + num_new_tokens
+        new_blocks = self.hybrid.allocate(request.request_id, num_tokens, hits, num_computed)
+        if new_blocks is None or not self.enable_caching:
+            return new_blocks
+        token_ids, block_hashes = request.all_token_ids, request.block_hashes
+        if len(token_ids) // self.block_size > len(block_hashes):
+            update_block_hashes(block_hashes, token_ids, self.block_size)
+        self.hybrid.cache_blocks(request.request_id, block_hashes, min(num_tokens, len(token_ids)))
+        return new_blocks
+
+    def new_block_ids(self, new_blocks: Any) -> list[list[int]]:
+        """An `allocate_slots` result as block ids per group (what the workers append to their tables)."""
+        if self.hybrid is None:
+            return [[block.block_id for block in new_blocks]]
+        return [[block.block_id for block in blocks] for blocks in new_blocks]
+
+    def block_table(self, request_id: str) -> list[list[int]]:
+        """The request's block ids per group, in token order (a released block of a window: the null block)."""
+        if self.hybrid is None:
+            return [[block.block_id for block in self.coordinator.get_blocks(request_id)]]
+        return [[block.block_id for block in blocks] for blocks in self.hybrid.get_blocks(request_id)]
+
     def free(self, request: CacheRequest) -> None:
         """Release the request's blocks, tail first so its prefix stays cached longest.
 
         Idempotent; the request's `block_hashes` are kept for a later re-admission.
         """
+        if self.hybrid is not None:
+            self.hybrid.free(request.request_id)
+            return
         self.coordinator.free(request.request_id)
 
     # ------------------------------------------------------------------- queries
-    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
-        """The request's blocks in token order; the live list, do not mutate ([] if unknown)."""
+    def get_blocks(self, request_id: str, group: int = 0) -> list[KVCacheBlock]:
+        """The request's blocks of `group` in token order; the live list, do not mutate ([] if unknown)."""
+        if self.hybrid is not None:
+            return self.hybrid.groups[group].get_blocks(request_id)
         return self.coordinator.get_blocks(request_id)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table (block ids in token order); O(num blocks)."""
-        return [block.block_id for block in self.coordinator.get_blocks(request_id)]
+    def get_block_ids(self, request_id: str, group: int = 0) -> list[int]:
+        """The request's block table of `group` (block ids in token order); O(num blocks)."""
+        return [block.block_id for block in self.get_blocks(request_id, group)]
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks with ref_cnt 0 (including evictable cached ones)."""
-        return self.block_pool.free_block_queue.num_free_blocks
+        """Blocks with ref_cnt 0 (including evictable cached ones), over every group's pool."""
+        return sum(pool.free_block_queue.num_free_blocks for pool in self.pools)
 
     @property
     def usage(self) -> float:
-        """Fraction of usable blocks held by requests (0.0 to 1.0)."""
-        return self.block_pool.get_usage()
+        """Fraction of usable blocks held by requests (0.0 to 1.0): the fullest group's."""
+        return max(pool.get_usage() for pool in self.pools)
 
     def stats(self) -> KVCacheStats:
-        """Current occupancy and cumulative prefix-cache counters."""
-        pool = self.block_pool
+        """Current occupancy (summed over the groups' pools) and cumulative prefix-cache counters."""
+        pools = self.pools
         return KVCacheStats(
-            num_blocks_total=pool.num_usable_blocks,
-            num_blocks_in_use=pool.get_num_in_use_blocks(),
-            num_blocks_cached=pool.get_num_cached_blocks(),
+            num_blocks_total=sum(pool.num_usable_blocks for pool in pools),
+            num_blocks_in_use=sum(pool.get_num_in_use_blocks() for pool in pools),
+            num_blocks_cached=sum(pool.get_num_cached_blocks() for pool in pools),
             prefix_cache_queried_tokens=self.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=self.prefix_cache_hit_tokens,
         )
 
     def reset_prefix_cache(self) -> bool:
         """Drop all cached prefixes; returns False (and does nothing) while any block is in use."""
-        return self.block_pool.reset_prefix_cache()
+        if any(pool.get_num_in_use_blocks() for pool in self.pools):
+            return False
+        return all([pool.reset_prefix_cache() for pool in self.pools])

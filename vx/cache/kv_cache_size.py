@@ -7,7 +7,11 @@ tested on plain numbers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
+
+from vx.cache.block_table_group import KVCacheGroupSpec
 
 CPU_SEQUENCE_TOKENS = 512
 """Tokens the CPU default reserves for each of `max_num_seqs` sequences (see `size_kv_cache`).
@@ -45,6 +49,9 @@ class KVCacheSize(msgspec.Struct, frozen=True, kw_only=True):
     bytes_per_block: int
     source: str
     reason: str
+    # One per attention kind when the model has sliding-window layers (`kv_cache_groups`); empty: one group of
+    # `num_blocks` blocks, full attention, in every layer.
+    groups: tuple[KVCacheGroupSpec, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -58,8 +65,49 @@ class KVCacheSize(msgspec.Struct, frozen=True, kw_only=True):
 
     def describe(self) -> str:
         """One line for the start-up log: size, blocks, tokens, and why that size."""
-        return (f"KV cache {self.num_bytes / 2**20:,.1f} MiB: {self.num_blocks:,} KV blocks of {self.block_size} "
+        line = (f"KV cache {self.num_bytes / 2**20:,.1f} MiB: {self.num_blocks:,} KV blocks of {self.block_size} "
                 f"tokens ({self.num_tokens:,} tokens), {self.reason}")
+        if self.groups:
+            kinds = ["full-attention" if g.sliding_window is None else f"window-{g.sliding_window}"
+                     for g in self.groups]
+            line += "; as " + ", ".join(f"{g.num_blocks:,} blocks for the {kind} layers"
+                                        for g, kind in zip(self.groups, kinds))
+        return line
+
+
+def kv_cache_groups(layer_windows: Sequence[int | None], num_blocks: int, block_size: int, max_num_seqs: int,
+                    max_num_batched_tokens: int, rebalance: bool = True,
+                    ) -> tuple[tuple[KVCacheGroupSpec, ...], list[int]]:
+    """Split a cache of `num_blocks` blocks (over every layer) into one pool per attention kind: ((the groups,
+    full attention first), each layer's group), or ((), []) when every layer attends in full.
+
+    A sliding-window group never needs more than its windows: each running sequence reads the blocks of its last
+    `window` positions plus those of the chunk it computes, so it gets max_num_seqs * (ceil((window - 1) / bs) + 2)
+    blocks plus the step's token budget's, and the null block (never more than `num_blocks`). The full-attention
+    group gets the memory that leaves: at the same bytes, more blocks than one shared pool would have.
+    A model whose every layer has the same window gets one pool of `num_blocks` that frees as it goes. With
+    `rebalance=False` (the user set `num_kv_blocks`) every group keeps `num_blocks`.
+    """
+    kinds = sorted(set(layer_windows), key=lambda w: -1 if w is None else w)
+    if kinds == [None]:
+        return (), []
+    num_layers = len(layer_windows)
+    if len(kinds) == 1:
+        return (KVCacheGroupSpec(num_blocks, kinds[0]),), [0] * num_layers
+    budget_layer_blocks = num_blocks * num_layers  # one layer's block is the unit
+    specs: list[KVCacheGroupSpec] = []
+    for window in kinds:
+        if window is None:
+            continue
+        need = max_num_seqs * (-(-(window - 1) // block_size) + 2) + -(-max_num_batched_tokens // block_size) + 1
+        blocks = min(num_blocks, need) if rebalance else num_blocks
+        specs.append(KVCacheGroupSpec(blocks, window))
+        budget_layer_blocks -= blocks * layer_windows.count(window)
+    if None in kinds:
+        full_blocks = max(num_blocks, budget_layer_blocks // layer_windows.count(None)) if rebalance else num_blocks
+        specs.insert(0, KVCacheGroupSpec(full_blocks, None))
+    index = {spec.sliding_window: i for i, spec in enumerate(specs)}
+    return tuple(specs), [index[w] for w in layer_windows]
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:

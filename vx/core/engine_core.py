@@ -50,9 +50,9 @@ class EngineCore:
         self.executor = (executor_class or Executor.get_class(config))(config)
         kv_size = self.executor.determine_kv_cache_size()
         num_blocks = kv_size.num_blocks
-        self.executor.initialize_kv_cache(num_blocks)
+        self.executor.initialize_kv_cache(num_blocks, kv_size.groups)
         cc = config.cache_config
-        self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching, kv_size.groups)
         # Costs nothing until a request asks for structured output (xgrammar loads lazily).
         self.structured_output_manager = StructuredOutputManager(config.model_config,
                                                                  config.structured_outputs_config)

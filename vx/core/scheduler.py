@@ -134,7 +134,7 @@ class Scheduler:
             new_token_ids = req.output_token_ids[req.num_output_tokens_sent:]
             req.num_output_tokens_sent = req.num_output_tokens
             plan.add(CachedRequestData(req_id=req.request_id, num_computed_tokens=req.num_computed_tokens,
-                                       new_token_ids=new_token_ids, new_block_ids=[b.block_id for b in new_blocks]),
+                                       new_token_ids=new_token_ids, new_block_ids=kv.new_block_ids(new_blocks)),
                      num_new)
             i += 1
 
@@ -168,7 +168,7 @@ class Scheduler:
             req.num_output_tokens_sent = req.num_output_tokens
             plan.add(NewRequestData(
                 req_id=req.request_id, prompt_token_ids=req.prompt_token_ids, sampling_params=req.sampling_params,
-                block_ids=kv.get_block_ids(req.request_id), num_computed_tokens=num_computed,
+                block_ids=kv.block_table(req.request_id), num_computed_tokens=num_computed,
                 output_token_ids=list(req.output_token_ids), eos_token_ids=tuple(sorted(req.eos_token_ids)),
                 bad_words_token_ids=req.bad_words_token_ids, pooling_params=req.pooling_params), num_new)
             plan.preempted_req_ids.discard(req.request_id)  # resumed in the step that preempted it

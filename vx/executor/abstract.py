@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 
+from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
 from vx.step import ModelRunnerOutput, SchedulerOutput
@@ -35,7 +36,7 @@ class Executor(ABC):
     def determine_kv_cache_size(self) -> KVCacheSize: ...
 
     @abstractmethod
-    def initialize_kv_cache(self, num_blocks: int) -> None: ...
+    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None: ...
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
 from vx.executor.abstract import Executor
@@ -22,8 +23,8 @@ class UniProcExecutor(Executor):
     def determine_kv_cache_size(self) -> KVCacheSize:
         return self.worker.determine_kv_cache_size()
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.worker.initialize_kv_cache(num_blocks)
+    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
+        self.worker.initialize_kv_cache(num_blocks, groups)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)

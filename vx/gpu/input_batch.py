@@ -21,7 +21,7 @@ class CachedRequestState:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one block table per KV-cache group
     num_computed_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None
@@ -53,14 +53,24 @@ class StepInputs:
     positions: torch.Tensor  # int64 [T]
     query_start_loc: np.ndarray  # int32 [B+1]
     seq_lens: np.ndarray  # int32 [B]
-    block_table: np.ndarray  # int32 [B, max_blocks]
-    slot_mapping: np.ndarray  # int64 [T]
+    block_tables: list[np.ndarray]  # int32 [B, max_blocks], one per KV-cache group
+    slot_mappings: list[np.ndarray]  # int64 [T], one per KV-cache group
     logits_indices: torch.Tensor  # int64 [S]: the last token of each sampling request
     sampling_req_ids: list[str]
     sampling_states: list[CachedRequestState]
     max_query_len: int
     max_seq_len: int
     pooling_rows: list[int] = field(default_factory=list)  # batch rows of the pooling requests
+
+    @property
+    def block_table(self) -> np.ndarray:
+        """The first group's block table (the only one of most models)."""
+        return self.block_tables[0]
+
+    @property
+    def slot_mapping(self) -> np.ndarray:
+        """The first group's slots."""
+        return self.slot_mappings[0]
 
 
 class InputBatch:
@@ -109,7 +119,7 @@ class InputBatch:
             # Copies: the runner appends to them, and the scheduler's lists may live in another process.
             self.states[new.req_id] = CachedRequestState(
                 req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, sampling_params=new.sampling_params,
-                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
+                block_ids=[list(ids) for ids in new.block_ids], num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=list(new.output_token_ids), generator=generator,
                 eos_token_ids=tuple(new.eos_token_ids), bad_words_token_ids=new.bad_words_token_ids,
                 pooling_params=new.pooling_params)
@@ -119,7 +129,8 @@ class InputBatch:
             state = self.states[cached.req_id]
             state.num_computed_tokens = cached.num_computed_tokens
             state.output_token_ids.extend(cached.new_token_ids)
-            state.block_ids.extend(cached.new_block_ids)
+            for table, new_ids in zip(state.block_ids, cached.new_block_ids):
+                table.extend(new_ids)
         return failed
 
     def prepare(self, scheduler_output: SchedulerOutput) -> StepInputs:
@@ -144,11 +155,14 @@ class InputBatch:
         positions = (np.arange(total, dtype=np.int64) - qsl[:-1].astype(np.int64)[req_idx]
                      + computed.astype(np.int64)[req_idx])
 
-        max_blocks = max((len(s.block_ids) for s in states), default=1) or 1
-        block_table = np.zeros((n, max_blocks), dtype=np.int32)
-        for i, s in enumerate(states):
-            block_table[i, :len(s.block_ids)] = s.block_ids
-        slot_mapping = (block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs)
+        block_tables, slot_mappings = [], []
+        for group in range(len(states[0].block_ids) if states else 1):
+            max_blocks = max((len(s.block_ids[group]) for s in states), default=1) or 1
+            block_table = np.zeros((n, max_blocks), dtype=np.int32)
+            for i, s in enumerate(states):
+                block_table[i, :len(s.block_ids[group])] = s.block_ids[group]
+            block_tables.append(block_table)
+            slot_mappings.append(block_table[req_idx, positions // bs].astype(np.int64) * bs + positions % bs)
 
         sampling_rows = [i for i, s in enumerate(states) if seq_lens[i] >= s.num_tokens]
         pooling_rows: list[int] = []
@@ -161,8 +175,8 @@ class InputBatch:
             positions=torch.from_numpy(positions),
             query_start_loc=qsl,
             seq_lens=seq_lens.astype(np.int32),
-            block_table=block_table,
-            slot_mapping=slot_mapping,
+            block_tables=block_tables,
+            slot_mappings=slot_mappings,
             logits_indices=logits_indices,
             sampling_req_ids=[states[i].req_id for i in sampling_rows],
             sampling_states=[states[i] for i in sampling_rows],

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import mmap
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.config import hf_head_dim, hf_num_kv_heads
 from vx.gpu.attention.backend import AttentionBackend
 from vx.gpu.attention.kv_format import KVCacheFormat, kv_cache_format
@@ -54,8 +56,11 @@ def attention_layers(model: nn.Module) -> list[Attention]:
 
 def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks: int, block_size: int,
                    dtype: torch.dtype | str, device: torch.device | str,
-                   kv_cache_dtype: str = "auto") -> list[torch.Tensor]:
+                   kv_cache_dtype: str = "auto", groups: Sequence[KVCacheGroupSpec] = ()) -> list[torch.Tensor]:
     """Allocate a zeroed cache per Attention layer, bind it and a backend impl onto the layer; return them.
+
+    With `groups` (one per attention kind, `vx.cache.kv_cache_size.kv_cache_groups`), a layer's cache has its
+    group's blocks, and the layer reads its group's attention metadata (`Attention.kv_cache_group`).
 
     `dtype` is the model's; each cache stores K and V in the format `kv_cache_dtype` names, which the impl reads.
     """
@@ -66,8 +71,18 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
     cache_dtype = fmt.cache_dtype(torch_dtype(dtype))
     impl_cls = backend.get_impl_cls()
     caches: list[torch.Tensor] = []
+    group_of = {spec.sliding_window: i for i, spec in enumerate(groups)}
     for layer in layers:
-        shape = _layer_shape(backend, fmt, num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+        if groups:
+            if layer.sliding_window not in group_of:
+                raise ValueError(f"Attention layer {layer.layer_idx} (window {layer.sliding_window}) has no KV cache "
+                                 "group.")
+            layer.kv_cache_group = group_of[layer.sliding_window]
+            layer_blocks = groups[layer.kv_cache_group].num_blocks
+        else:
+            layer.kv_cache_group = 0
+            layer_blocks = num_blocks
+        shape = _layer_shape(backend, fmt, layer_blocks, block_size, layer.num_kv_heads, layer.head_dim)
         cache = _zeroed(shape, cache_dtype, torch.device(device))
         layer.kv_cache = cache
         layer.impl = impl_cls(layer.num_heads, layer.head_dim, layer.scale, layer.num_kv_heads,

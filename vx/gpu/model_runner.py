@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import torch
 
+from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.config import VxConfig, checkpoint_quantization_config
 from vx.gpu.attention import get_attn_backend
 from vx import envs
@@ -14,7 +15,7 @@ from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.decode_graphs import DecodeGraphs
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
-from vx.gpu.kv_cache import bind_kv_caches, bytes_per_block
+from vx.gpu.kv_cache import attention_layers, bind_kv_caches, bytes_per_block
 from vx.gpu.pooler import pool_step
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
@@ -43,6 +44,7 @@ class ModelRunner:
             config.device_config.attention_backend, device.type, dtype=self.dtype,
             block_size=self.block_size, head_dim=config.model_config.head_dim, kv_cache_dtype=self.kv_cache_dtype)
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()  # empty: one group, every layer in full
         self.decode_graphs: DecodeGraphs | None = None
 
     def load_model(self) -> None:
@@ -54,10 +56,18 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         return bytes_per_block(self.model_config, self.block_size, self.dtype, self.attn_backend, self.kv_cache_dtype)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def layer_windows(self) -> list[int | None]:
+        """Each attention layer's sliding window (None: full attention), in layer order."""
         assert self.model is not None, "load_model() first"
+        return [layer.sliding_window for layer in attention_layers(self.model)]
+
+    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
+        """Allocate and bind the layers' caches: `num_blocks` each, or their group's (`groups`, one per attention
+        kind)."""
+        assert self.model is not None, "load_model() first"
+        self.kv_cache_groups = groups
         self.kv_caches = bind_kv_caches(self.model, self.attn_backend, num_blocks, self.block_size,
-                                        self.dtype, self.device, self.kv_cache_dtype)
+                                        self.dtype, self.device, self.kv_cache_dtype, groups)
         self._init_decode_graphs()
 
     def _init_decode_graphs(self) -> None:
@@ -66,7 +76,7 @@ class ModelRunner:
         when = envs.VX_DECODE_COMPILE.get()
         if when not in ("background", "startup", "off"):
             raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
-        if (self.config.device_config.enforce_eager or when == "off"
+        if (self.config.device_config.enforce_eager or when == "off" or len(self.kv_cache_groups) > 1
                 or not getattr(self.model, "supports_decode_graphs", True)
                 or not self.attn_backend.supports_decode_graphs(self.device.type)):
             return
@@ -132,20 +142,22 @@ class ModelRunner:
         dev = self.device
         qsl_cpu = torch.from_numpy(inp.query_start_loc)
         seq_lens_cpu = torch.from_numpy(inp.seq_lens)
-        common = CommonAttentionMetadata(
-            query_start_loc=qsl_cpu.to(dev, non_blocking=True),
+        qsl, seq_lens = qsl_cpu.to(dev, non_blocking=True), seq_lens_cpu.to(dev, non_blocking=True)
+        # One metadata per KV-cache group (their block ids differ); each layer reads its group's.
+        per_group = [self.attn_backend.build_metadata(CommonAttentionMetadata(
+            query_start_loc=qsl,
             query_start_loc_cpu=qsl_cpu,
-            seq_lens=seq_lens_cpu.to(dev, non_blocking=True),
+            seq_lens=seq_lens,
             seq_lens_cpu=seq_lens_cpu,
-            block_table=torch.from_numpy(inp.block_table).to(dev, non_blocking=True),
-            slot_mapping=torch.from_numpy(inp.slot_mapping).to(dev, non_blocking=True),
+            block_table=torch.from_numpy(block_table).to(dev, non_blocking=True),
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev, non_blocking=True),
             num_reqs=scheduler_output.num_reqs,
             num_actual_tokens=scheduler_output.total_num_scheduled_tokens,
             max_query_len=inp.max_query_len,
             max_seq_len=inp.max_seq_len,
             block_size=self.block_size,
-        )
-        attn_metadata = self.attn_backend.build_metadata(common)
+        )) for block_table, slot_mapping in zip(inp.block_tables, inp.slot_mappings)]
+        attn_metadata = per_group[0] if len(per_group) == 1 else per_group
         return self.model(inp.input_ids.to(dev, non_blocking=True), inp.positions.to(dev, non_blocking=True),
                           attn_metadata)
 

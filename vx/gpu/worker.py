@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import psutil
 import torch
 
-from vx.cache.kv_cache_size import KVCacheSize, cpu_kv_cap_bytes, size_kv_cache
+from vx.cache.block_table_group import KVCacheGroupSpec
+from vx.cache.kv_cache_size import KVCacheSize, cpu_kv_cap_bytes, kv_cache_groups, size_kv_cache
 from vx.config import VxConfig
 from vx.gpu.model_runner import ModelRunner
 from vx.step import ModelRunnerOutput, SchedulerOutput
@@ -47,15 +49,21 @@ class Worker:
                 budget = int(total * cc.gpu_memory_utilization) - (total - free) - 512 * 1024**2
             else:
                 budget = cpu_kv_cap_bytes(psutil.virtual_memory().available)
-        return size_kv_cache(
+        sc = self.config.scheduler_config
+        size = size_kv_cache(
             device=self.device.type, block_size=cc.block_size,
             bytes_per_block=self.model_runner.kv_cache_bytes_per_block(),
             max_model_len=self.config.model_config.max_model_len,
-            max_num_seqs=self.config.scheduler_config.max_num_seqs, num_kv_blocks=cc.num_kv_blocks,
+            max_num_seqs=sc.max_num_seqs, num_kv_blocks=cc.num_kv_blocks,
             kv_cache_memory_bytes=cc.kv_cache_memory_bytes, device_budget_bytes=budget)
+        # Sliding-window layers get pools of their own, which hold only their windows.
+        groups, _ = kv_cache_groups(self.model_runner.layer_windows(), size.num_blocks, cc.block_size,
+                                    sc.max_num_seqs, sc.max_num_batched_tokens,
+                                    rebalance=size.source != "num_kv_blocks")
+        return msgspec.structs.replace(size, groups=groups)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self.model_runner.initialize_kv_cache(num_blocks)
+    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks, groups)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)

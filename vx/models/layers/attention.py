@@ -37,6 +37,9 @@ class Attention(nn.Module):
         # Bound later by the GPU side; a plain attribute (not a buffer) so state_dict never sees it.
         self.impl: Any = None
         self.kv_cache: torch.Tensor | None = None
+        # Its KV-cache group (one per attention kind, when the model mixes them): a step then passes one
+        # metadata per group, as a list, and the layer reads its own.
+        self.kv_cache_group = 0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
         """Write this step's k/v into the cache and attend q to each request's context."""
@@ -44,6 +47,8 @@ class Attention(nn.Module):
             raise RuntimeError(
                 f"Attention layer {self.layer_idx} has no backend/KV cache bound; call "
                 "vx.gpu.kv_cache.bind_kv_caches(model, backend, ...) before running the model.")
+        if type(attn_metadata) is list:
+            attn_metadata = attn_metadata[self.kv_cache_group]
         return self.impl.forward(self, q, k, v, self.kv_cache, attn_metadata)
 
     def extra_repr(self) -> str:
