@@ -109,7 +109,8 @@ def test_named_schema_is_the_functions_parameters():
     assert forced_tool_schema(TOOLS, choice).json == TOOLS[0].function.parameters
     calls = forced_tool_calls('{"city": "Paris"}', choice)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
-    assert forced_tool_calls('{"city": "Par', choice) == []  # cut short: no call
+    cut = forced_tool_calls('{"city": "Par', choice)  # cut short: the arguments as far as they got
+    assert [(c.name, c.arguments) for c in cut] == [("get_weather", '{"city": "Par')]
 
 
 def test_forced_output_parses_into_calls():
@@ -117,4 +118,19 @@ def test_forced_output_parses_into_calls():
     calls = forced_tool_calls(text, "required")
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {}), ("get_weather", {"city": "Rome"})]
     assert len({c.id for c in calls}) == 2
-    assert forced_tool_calls('[{"name": "get_time", "parameters": {}}', "required") == []
+
+
+
+
+@pytest.mark.parametrize("text, calls", [
+    ("", [("get_time", "")]),  # nothing yet: the one tool it can be
+    ('[{"name": "get_', [("get_time", "")]),
+    ('[{"name": "get_time", "parameters": {"zone": "U', [("get_time", '{"zone": "U')]),
+    ('[{"name":"get_time","parameters":{}}', [("get_time", "{}")]),
+    ('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {', [
+        ("get_time", "{}"), ("get_weather", "{")]),
+    ('[{"name": "get_', [("get_", "")]),  # two tools fit: the name as far as it got
+])
+def test_a_cut_required_reply_gives_its_calls_so_far(text, calls):
+    names = ["get_time"] if calls[0][0] == "get_time" and len(calls) == 1 else sorted(NAMES)
+    assert [(c.name, c.arguments) for c in forced_tool_calls(text, "required", names)] == calls

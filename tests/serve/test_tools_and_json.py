@@ -174,3 +174,35 @@ def test_n_choices_with_logprobs(client):
                 finishes[ch.index] = ch.finish_reason
     assert finishes == {0: "length", 1: "length"}
     assert texts == {c.index: c.message.content for c in chat.choices}  # same seed, same samples
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_by_max_tokens_is_a_partial_call(client, tool_choice):
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS[:1], tool_choice=tool_choice, temperature=0.0,
+                  max_tokens=4)
+    out = client.chat.completions.create(**kwargs)
+    choice = out.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    with pytest.raises(json.JSONDecodeError):  # the arguments as far as they got: not yet JSON
+        json.loads(call.function.arguments)
+    whole = client.chat.completions.create(**{**kwargs, "max_tokens": 100}).choices[0].message.tool_calls[0]
+    assert whole.function.arguments.replace(" ", "").startswith(call.function.arguments.replace(" ", ""))
+    content, calls, finish = _collect_stream(client.chat.completions.create(stream=True, **kwargs))
+    assert finish == "length" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+
+
+def test_no_tool_calls_means_no_tool_calls_field(http):
+    body = http.post("/v1/chat/completions", json=dict(model=MODEL, messages=MESSAGES, max_tokens=2)).json()
+    assert body["choices"][0]["message"].get("tool_calls") is None
+
+
+def test_a_streamed_call_opens_with_null_content(http):
+    with http.stream("POST", "/v1/chat/completions", json=dict(
+            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", stream=True, **GREEDY)) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None and deltas[0]["tool_calls"]
+    assert all(d.get("content") is None for d in deltas)

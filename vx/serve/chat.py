@@ -20,7 +20,7 @@ from vx.serve.chat_prompt import chat_prompt_ids
 from vx.serve.errors import bad_request
 from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import chat_logprobs
-from vx.serve.params import sampling_params, structured_outputs
+from vx.serve.params import check_context_length, check_request_shape, sampling_params, structured_outputs
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
@@ -44,6 +44,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 
 
 def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
+    if req.tools is not None and not req.tools:  # OpenAI's words: an empty list is not "no tools"
+        raise bad_request("[] is too short - 'tools'", "tools")
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
     if choice != "none" and not req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
         raise bad_request("tool_choice needs tools: none were given.", "tool_choice")
@@ -71,6 +73,7 @@ def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
 
 async def _create(state: ServerState, req: ChatCompletionRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
+    check_request_shape(req)
     tool_choice = _tool_choice(req)
     _check_json_fields(req, state.options.max_json_depth)
     forced = req.tools and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
@@ -92,7 +95,9 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
                                        chat_template=chat_template, trusted=not req.chat_template,
                                        add_generation_prompt=req.add_generation_prompt,
                                        max_model_len=state.max_model_len, tokenize_limiter=state.tokenize_limiter)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens, max_param = ((req.max_completion_tokens, "max_completion_tokens")
+                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
+    check_context_length(len(prompt_ids), max_tokens, state.max_model_len, param=max_param, prompt_name="messages")
     params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
                              structured=structured)
     params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
@@ -148,11 +153,11 @@ class _ReplyReader:
         self.tokenizer = tokenizer
         self.top_n = top_n
         self.buffers: dict[int, ToolCallStreamBuffer] = {}  # "auto" streaming: per choice
+        self.opened: set[int] = set()  # choices whose role went out
 
     def _calls(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        if self.forced:
-            calls = forced_tool_calls(text, self.tool_choice)
-            return (None, calls) if calls else (text, [])
+        if self.forced:  # the whole reply is the call, complete or cut short: never content
+            return None, forced_tool_calls(text, self.tool_choice, list(self.tool_names))
         if self.tool_choice == "auto":
             return parse_tool_calls(text, self.tool_names)
         return text, []
@@ -169,17 +174,20 @@ class _ReplyReader:
         content, calls = self._calls(c.text)
         calls = self._limit(calls)
         tool_calls = [ToolCall(id=k.id, function=FunctionCall(name=k.name, arguments=k.arguments)) for k in calls]
-        return ChatChoice(index=c.index, message=ChatMessage(content=content, tool_calls=tool_calls),
+        return ChatChoice(index=c.index, message=ChatMessage(content=content, tool_calls=tool_calls or None),
                           logprobs=self._logprobs(c.token_ids, c.logprobs),
-                          finish_reason="tool_calls" if calls else c.finish_reason, stop_reason=c.stop_reason)
+                          finish_reason=_finish_reason(calls, c.finish_reason), stop_reason=c.stop_reason)
 
     def delta_choices(self, acc: Choice, delta: CompletionOutput) -> list[ChatStreamChoice]:
         """The chunks for one delta of one choice (`acc` already holds it): the role first, then content,
-        and at the end the tool calls and the finish reason."""
+        and at the end the tool calls and the finish reason. With tools, the role waits for the first content
+        or call, so that a reply that is a call opens with `content: null`, as OpenAI's does."""
         out = []
         if acc.index not in self.buffers:
             self.buffers[acc.index] = ToolCallStreamBuffer(self.tool_names)
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(role="assistant", content="")))
+            if self.tool_choice == "none":
+                out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(role="assistant", content="")))
+                self.opened.add(acc.index)
         buffer = self.buffers[acc.index]
         if self.forced:
             text = ""  # the whole reply is the call: nothing to show before it is complete
@@ -190,25 +198,37 @@ class _ReplyReader:
         calls: list[ParsedToolCall] = []
         if delta.finish_reason is not None:
             if self.forced:
-                rest, calls = self._calls(acc.text)
-                text += rest or ""
+                _, calls = self._calls(acc.text)
             elif self.tool_choice == "auto":
                 rest, calls = buffer.finish()
                 text += rest
             calls = self._limit(calls)
         logprobs = self._logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None
         if text or logprobs is not None:
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(content=text), logprobs=logprobs))
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(content=text)),
+                                        logprobs=logprobs))
         if calls:
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(tool_calls=[
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(tool_calls=[
                 DeltaToolCall(index=i, id=k.id, type="function",
                               function=DeltaFunctionCall(name=k.name, arguments=k.arguments))
-                for i, k in enumerate(calls)])))
+                for i, k in enumerate(calls)]))))
         if delta.finish_reason is not None:
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(),
-                                        finish_reason="tool_calls" if calls else delta.finish_reason,
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage()),
+                                        finish_reason=_finish_reason(calls, delta.finish_reason),
                                         stop_reason=delta.stop_reason))
         return out
+
+    def _open(self, index: int, delta: DeltaMessage) -> DeltaMessage:
+        """`delta`, carrying the role if it is the choice's first."""
+        if index not in self.opened:
+            self.opened.add(index)
+            delta.role = "assistant"
+        return delta
+
+
+def _finish_reason(calls: list[ParsedToolCall], finish_reason: str | None) -> str | None:
+    """"tool_calls" for a reply that made calls, unless max_tokens cut it ("length", as OpenAI says then)."""
+    return "tool_calls" if calls and finish_reason != "length" else finish_reason
 
 
 def _usage(job: EngineJob) -> UsageInfo:

@@ -41,6 +41,24 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         raise bad_request(str(e), _param_named_in(str(e), kwargs)) from None
 
 
+def check_request_shape(req: SamplingFields) -> None:
+    """A 400 for fields that only make sense together: `stream_options` needs `stream: true` (as OpenAI says)."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int | None, *,
+                         param: str, prompt_name: str) -> None:
+    """A 400, in vLLM's words, when the prompt plus `max_tokens` (the request's `param`) do not fit the model's
+    context: the engine would otherwise run until the context is full, far short of what was asked."""
+    if max_tokens is None or max_model_len is None or num_prompt_tokens + max_tokens <= max_model_len:
+        return
+    raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                      f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {prompt_name}, "
+                      f"{max_tokens} in the completion). Please reduce the length of the {prompt_name} or "
+                      "completion.", param)
+
+
 def structured_outputs(req: SamplingFields, response_format: ResponseFormat | None,
                        forced: StructuredOutputsParams | None = None, forced_by: str = "tool_choice", *,
                        max_json_depth: int = ServerOptions.max_json_depth) -> StructuredOutputsParams | None:

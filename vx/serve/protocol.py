@@ -228,7 +228,7 @@ class ToolCall(_Response):
 class ChatMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None  # absent when there are none: clients echo `[]` back, OpenAI refuses it
 
 
 class ChatChoice(_Response):

@@ -151,17 +151,17 @@ def forced_tool_schema(tools: list[ToolDefinition], tool_choice: str | NamedTool
     return StructuredOutputsParams(json=schema)
 
 
-def forced_tool_calls(text: str, tool_choice: str | NamedToolChoice) -> list[ParsedToolCall]:
-    """The calls in a reply generated under `forced_tool_schema`; [] when it is not valid JSON (e.g. the
-    reply was cut by max_tokens)."""
+def forced_tool_calls(text: str, tool_choice: str | NamedToolChoice,
+                      tool_names: list[str] | None = None) -> list[ParsedToolCall]:
+    """The calls in a reply generated under `forced_tool_schema`. A reply cut short (by max_tokens) still gives
+    its calls, the last one with the arguments text written so far, as OpenAI sends a cut call; its name, if cut
+    too, is the one tool of `tool_names` it can still be, else what was written of it."""
+    if isinstance(tool_choice, NamedToolChoice):  # the whole reply is the arguments object
+        return [ParsedToolCall(name=tool_choice.function.name, arguments=_compact(text))]
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
-        return []
-    if isinstance(tool_choice, NamedToolChoice):
-        if not isinstance(obj, dict):
-            return []
-        return [ParsedToolCall(name=tool_choice.function.name, arguments=json.dumps(obj, ensure_ascii=False))]
+        return _cut_calls(text, tool_names or [])
     if not isinstance(obj, list):
         return []
     calls = []
@@ -171,6 +171,51 @@ def forced_tool_calls(text: str, tool_choice: str | NamedToolChoice) -> list[Par
         calls.append(ParsedToolCall(name=item["name"],
                                     arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False)))
     return calls
+
+
+# One call of a "required" reply, as the schema orders it: {"name": "...", "parameters": ...; either may be cut.
+_CUT_NAME = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?')
+_CUT_ARGUMENTS = re.compile(r'\s*,\s*"parameters"\s*:\s*', re.DOTALL)
+
+
+def _cut_calls(text: str, tool_names: list[str]) -> list[ParsedToolCall]:
+    """The calls of a "required" reply that stops early: the complete ones, then the one it stopped in."""
+    decoder = json.JSONDecoder()
+    body = text.lstrip()
+    pos = 1 if body.startswith("[") else 0
+    calls: list[ParsedToolCall] = []
+    while True:
+        rest = body[pos:].lstrip().removeprefix(",").lstrip()
+        try:
+            item, end = decoder.raw_decode(rest)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(item, dict):
+            return calls
+        calls.append(ParsedToolCall(name=str(item.get("name", "")),
+                                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False)))
+        pos = len(body) - len(rest) + end
+    rest = body[pos:].lstrip().removeprefix(",").lstrip()
+    if (rest and not rest.startswith("{")) or (not rest and calls):
+        return calls  # not a call at all, or cut between two calls
+    name, arguments, named = "", "", _CUT_NAME.match(rest)
+    if named is not None:
+        name = named.group(1)
+        after = _CUT_ARGUMENTS.match(rest, named.end()) if named.group(2) else None
+        arguments = rest[after.end():] if after is not None else ""
+    if named is None or not named.group(2):  # the name itself was cut: complete it where only one tool fits
+        fits = [t for t in tool_names if t.startswith(name)]
+        name = fits[0] if len(fits) == 1 else name
+    calls.append(ParsedToolCall(name=name, arguments=_compact(arguments)))
+    return calls
+
+
+def _compact(arguments: str) -> str:
+    """Arguments text as OpenAI sends it: compact JSON when complete, else as written (cut, or not JSON)."""
+    try:
+        return json.dumps(json.loads(arguments), ensure_ascii=False)
+    except json.JSONDecodeError:
+        return arguments
 
 
 def _find(tools: list[ToolDefinition], name: str) -> ToolDefinition:
