@@ -206,3 +206,35 @@ def test_a_streamed_call_opens_with_null_content(http):
     deltas = [c["delta"] for e in events for c in e["choices"]]
     assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None and deltas[0]["tool_calls"]
     assert all(d.get("content") is None for d in deltas)
+
+
+_EMPTY_RANGE = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}  # valid JSON
+# schema, but no value fits: the engine's grammar compiler refuses it
+
+
+def _tool(name, parameters):
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": _EMPTY_RANGE}}),
+     "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}),
+     "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/no"}}}),
+     "response_format"),
+    (dict(extra_body={"structured_outputs": {"regex": "(abc"}}), "structured_outputs"),
+    (dict(extra_body={"guided_regex": "(?=a)b"}), "guided_regex"),
+    (dict(tools=[_tool("f", _EMPTY_RANGE)], tool_choice="required"), "tools.0.function.parameters"),
+    (dict(tools=[_tool("f", WEATHER), _tool("g", _EMPTY_RANGE)],
+          tool_choice={"type": "function", "function": {"name": "g"}}), "tools.1.function.parameters"),
+    (dict(tools=[_tool("f", {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}})]),
+     "tools.0.function.parameters"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_constraints_are_400s_naming_their_field(client, kwargs, param, stream):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=stream, **kwargs)
+    assert e.value.status_code == 400 and e.value.body["param"] == param
+    assert e.value.body["message"].startswith(param) and "structured_outputs" not in e.value.body["message"].replace(
+        param, "")

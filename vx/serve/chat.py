@@ -20,7 +20,7 @@ from vx.serve.chat_prompt import chat_prompt_ids
 from vx.serve.errors import bad_request
 from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import chat_logprobs
-from vx.serve.params import check_context_length, check_request_shape, sampling_params, structured_outputs
+from vx.serve.params import check_context_length, check_request_shape, output_constraint, sampling_params
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
@@ -55,6 +55,15 @@ def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
     return choice
 
 
+def _tools_param(req: ChatCompletionRequest, tool_choice: str | NamedToolChoice) -> str:
+    """The field a forced call's schema comes from: the named tool's parameters, or all the tools'."""
+    tools = req.tools or []
+    names = [t.function.name for t in tools]
+    if isinstance(tool_choice, NamedToolChoice):
+        return f"tools.{names.index(tool_choice.function.name)}.function.parameters"
+    return "tools.0.function.parameters" if len(tools) == 1 else "tools"
+
+
 def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
     """The tools' parameter schemas must be valid JSON schemas, and the arguments of earlier calls (JSON text
     inside a message) no deeper than the body may nest."""
@@ -77,9 +86,11 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
     tool_choice = _tool_choice(req)
     _check_json_fields(req, state.options.max_json_depth)
     forced = req.tools and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
-    structured = structured_outputs(req, req.response_format,
-                                    forced_tool_schema(req.tools, tool_choice, req.parallel_tool_calls is not False)
-                                    if forced else None, max_json_depth=state.options.max_json_depth)
+    constraint = output_constraint(req, req.response_format,
+                                   forced_tool_schema(req.tools, tool_choice, req.parallel_tool_calls is not False)
+                                   if forced else None, _tools_param(req, tool_choice),
+                                   max_json_depth=state.options.max_json_depth)
+    constraint_param, structured = constraint if constraint is not None else (None, None)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true.", "top_logprobs")
@@ -102,7 +113,7 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
                              structured=structured)
     params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
     rid, created = new_id("chatcmpl"), int(time.time())
-    job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start)[0]
+    job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start, constraint_param)[0]
     reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n)
 
     if not req.stream:

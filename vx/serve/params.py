@@ -62,10 +62,20 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_mod
 def structured_outputs(req: SamplingFields, response_format: ResponseFormat | None,
                        forced: StructuredOutputsParams | None = None, forced_by: str = "tool_choice", *,
                        max_json_depth: int = ServerOptions.max_json_depth) -> StructuredOutputsParams | None:
-    """The one output constraint the request asks for: `response_format`, `structured_outputs` (vLLM's
-    extra), vLLM's older `guided_*` fields, or `forced` (a tool choice's schema). Two at once is a 400, and so
-    is a JSON schema that is invalid, has a `$ref` that resolves nowhere, or (given as text) nests deeper than
-    `max_json_depth`. Regexes and grammars are compiled by the engine, which refuses a bad one."""
+    """The one output constraint the request asks for (see `output_constraint`), without the field it came from."""
+    found = output_constraint(req, response_format, forced, forced_by, max_json_depth=max_json_depth)
+    return found[1] if found is not None else None
+
+
+def output_constraint(req: SamplingFields, response_format: ResponseFormat | None,
+                      forced: StructuredOutputsParams | None = None, forced_by: str = "tool_choice", *,
+                      max_json_depth: int = ServerOptions.max_json_depth
+                      ) -> tuple[str, StructuredOutputsParams] | None:
+    """The one output constraint the request asks for, and the field that asked: `response_format`,
+    `structured_outputs` (vLLM's extra), vLLM's older `guided_*` fields, or `forced` (a tool choice's schema, from
+    `forced_by`). Two at once is a 400, and so is a JSON schema that is invalid, has a `$ref` that resolves
+    nowhere, or (given as text) nests deeper than `max_json_depth`. Regexes and grammars are compiled by the
+    engine before the request is scheduled; `constraint_error` names the field when it refuses one."""
     found: list[tuple[str, StructuredOutputsParams]] = []
     if forced is not None:
         found.append((forced_by, forced))
@@ -81,7 +91,7 @@ def structured_outputs(req: SamplingFields, response_format: ResponseFormat | No
     if len(found) > 1:
         raise bad_request(f"Only one output constraint may be given; got {' and '.join(n for n, _ in found)}.",
                           found[1][0])
-    return found[0][1] if found else None
+    return found[0] if found else None
 
 
 def _from_response_format(fmt: ResponseFormat, max_json_depth: int) -> StructuredOutputsParams:
