@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 
 from vx.serve.protocol import NamedToolChoice, ToolDefinition
-from vx.serve.tool_parser import (ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema, parse_tool_calls)
+from vx.serve.tool_parser import (ToolCallStreamBuffer, bare_call_start, forced_tool_calls, forced_tool_schema,
+                                  parse_tool_calls)
 
 NAMES = {"get_weather", "get_time"}
 
@@ -71,6 +72,22 @@ def test_stream_buffer_gives_back_everything_when_there_is_no_call(text):
 def test_stream_buffer_holds_a_bare_json_call():
     sent, rest, calls = _stream(' {"name": "get_weather", "arguments": {"city": "Oslo"}}')
     assert sent == "" and rest == "" and calls == [("get_weather", {"city": "Oslo"})]
+
+
+def test_json_content_streams_as_it_comes():
+    text = '{"answer": "yes", "name": "get_weather"}'
+    buf = ToolCallStreamBuffer(NAMES)
+    sent = [buf.feed(ch) for ch in text]
+    assert "".join(sent[:2]) == "" and "".join(sent[:3]) == '{"a'  # held only while it can be '{"name"'
+    assert "".join(sent) + buf.finish()[0] == text
+
+
+@pytest.mark.parametrize("text, state", [
+    ("", "maybe"), ("  [", "maybe"), ('{"na', "maybe"), ('[ {"name" : "get_', "maybe"), ('{"name": "get_time"', "call"),
+    ('{"name": "bob"', "no"), ('{"city"', "no"), ("[1, 2]", "no"), ("Hi", "no"), ('{"name": 3', "no"),
+])
+def test_bare_call_start(text, state):
+    assert bare_call_start(text, NAMES) == state
 
 
 TOOLS = [ToolDefinition.model_validate(t) for t in [

@@ -49,11 +49,31 @@ def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[
         content = _HERMES.sub("", text).strip()
         return content or None, calls
     stripped = text.strip()
-    if stripped[:1] in ("{", "["):
+    if bare_call_start(stripped, tool_names) == "call":
         found = _call_from_json(stripped, tool_names)
         if found is not None:
             return None, found if isinstance(found, list) else [found]
     return text, []
+
+
+def bare_call_start(text: str, tool_names: set[str]) -> str:
+    """Whether `text` opens a bare JSON call, `{"name": "<a tool>"` (or a list of calls, `[{"name": ...`), the
+    format `parse_tool_calls` reads: "call" when it does, "maybe" while it still can, "no" once it cannot."""
+    i, n = 0, len(text)
+    for literal in ("[", "{", '"name"', ":", '"'):
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            return "maybe"
+        if literal == "[" and text[i] != "[":
+            continue  # a single call: the list bracket is optional
+        if not text.startswith(literal, i):
+            return "maybe" if literal.startswith(text[i:]) else "no"
+        i += len(literal)
+    end = text.find('"', i)
+    if end < 0:
+        return "maybe" if any(name.startswith(text[i:]) for name in tool_names) else "no"
+    return "call" if text[i:end] in tool_names else "no"
 
 
 def _call_from_json(raw: str, tool_names: set[str]) -> ParsedToolCall | list[ParsedToolCall] | None:
@@ -84,8 +104,9 @@ def _call_from_obj(obj: Any, tool_names: set[str]) -> ParsedToolCall | None:
 class ToolCallStreamBuffer:
     """Streams the content of an "auto" reply while holding back whatever may turn out to be a tool call.
 
-    Text before a `<tool_call>` tag streams at once; from the tag on (or from a `{`/`[` that opens the reply,
-    a possible bare JSON call) everything is held until the end, where `finish` parses it.
+    Text before a `<tool_call>` tag streams at once; from the tag on (or from a bare JSON call that opens the
+    reply, `{"name": "<a tool>"`) everything is held until the end, where `finish` parses it. A reply is held
+    only while it can still become a call: JSON content such as `{"answer": ...}` streams as it comes.
     """
 
     def __init__(self, tool_names: set[str]) -> None:
@@ -103,8 +124,12 @@ class ToolCallStreamBuffer:
             head = self.text.lstrip()
             if not head or (len(head) < len(TOOL_CALL_OPEN) and TOOL_CALL_OPEN.startswith(head)):
                 return ""  # too early to tell
-            if head[0] in "{[" or head.startswith(TOOL_CALL_OPEN):
+            if head.startswith(TOOL_CALL_OPEN):
                 self.holding = True
+                return ""
+            opening = bare_call_start(head, self.tool_names)
+            if opening != "no":
+                self.holding = opening == "call"
                 return ""
         pending = self.text[self.sent:]
         tag = pending.find(TOOL_CALL_OPEN)
