@@ -238,3 +238,42 @@ def test_bad_constraints_are_400s_naming_their_field(client, kwargs, param, stre
     assert e.value.status_code == 400 and e.value.body["param"] == param
     assert e.value.body["message"].startswith(param) and "structured_outputs" not in e.value.body["message"].replace(
         param, "")
+
+
+VERDICT = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+           "additionalProperties": False}
+VERDICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}
+
+
+def _first_char_bias(tokenizer, char):
+    """A logit bias that makes the model open its reply with `char` (where the constraint allows it)."""
+    return {str(tokenizer.convert_tokens_to_ids(char)): 100}
+
+
+STRICT_TOOLS = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+
+
+def test_auto_tools_with_a_response_format_may_call_a_tool_or_answer(client, server_tokenizer):
+    # Strict tools and one call: the bias towards '<' would otherwise fill free argument strings and more calls.
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=STRICT_TOOLS, response_format=VERDICT_FORMAT,
+                  parallel_tool_calls=False, **GREEDY)
+    call = client.chat.completions.create(logit_bias=_first_char_bias(server_tokenizer, "<"), **kwargs).choices[0]
+    assert call.finish_reason == "tool_calls" and call.message.content is None
+    assert call.message.tool_calls and {c.function.name for c in call.message.tool_calls} <= set(SCHEMAS)
+    answer = client.chat.completions.create(logit_bias=_first_char_bias(server_tokenizer, "{"), **kwargs).choices[0]
+    assert answer.finish_reason == "stop" and not answer.message.tool_calls
+    jsonschema.validate(json.loads(answer.message.content), VERDICT)
+    # the answer streams as it is generated: no tool call can begin with '{"a'
+    stream = client.chat.completions.create(logit_bias=_first_char_bias(server_tokenizer, "{"), stream=True, **kwargs)
+    pieces = [ch.delta.content for chunk in stream for ch in chunk.choices if ch.delta.content]
+    assert len(pieces) >= 3 and "".join(pieces) == answer.message.content
+
+
+def test_a_call_to_a_strict_tool_fits_its_parameters(client, server_tokenizer):
+    for seed in range(3):
+        out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=STRICT_TOOLS, temperature=1.0,
+                                             seed=seed, max_tokens=100, response_format=VERDICT_FORMAT,
+                                             parallel_tool_calls=False,
+                                             logit_bias=_first_char_bias(server_tokenizer, "<"))
+        assert out.choices[0].finish_reason == "tool_calls"
+        _check_calls(out.choices[0].message.tool_calls)

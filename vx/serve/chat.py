@@ -15,7 +15,7 @@ from starlette.types import Receive
 
 from vx.client.chat import chat_sampling_params
 from vx.outputs import CompletionOutput, RequestOutput
-from vx.sampling_params import MAX_LOGPROBS
+from vx.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from vx.serve.chat_prompt import chat_prompt_ids
 from vx.serve.errors import bad_request
 from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
@@ -26,6 +26,7 @@ from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRe
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from vx.serve.tool_grammar import auto_tool_constraint
 from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema,
                                   parse_tool_calls)
 from vx.serve.validation import check_json_schema, check_json_text
@@ -55,13 +56,27 @@ def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
     return choice
 
 
-def _tools_param(req: ChatCompletionRequest, tool_choice: str | NamedToolChoice) -> str:
-    """The field a forced call's schema comes from: the named tool's parameters, or all the tools'."""
+def _tools_constraint(req: ChatCompletionRequest,
+                      tool_choice: str | NamedToolChoice) -> tuple[StructuredOutputsParams | None, str]:
+    """The constraint the tools put on the reply, and the field to name if the engine refuses it: a forced call's
+    schema ("required", a named function), or for "auto" the union of content (fitting `response_format`) and
+    calls (fitting the parameters of `strict` tools), unless the request brings a constraint of its own."""
     tools = req.tools or []
-    names = [t.function.name for t in tools]
+    parallel = req.parallel_tool_calls is not False
     if isinstance(tool_choice, NamedToolChoice):
-        return f"tools.{names.index(tool_choice.function.name)}.function.parameters"
-    return "tools.0.function.parameters" if len(tools) == 1 else "tools"
+        index = [t.function.name for t in tools].index(tool_choice.function.name)
+        return forced_tool_schema(tools, tool_choice, parallel), f"tools.{index}.function.parameters"
+    if tool_choice == "required" and tools:
+        return forced_tool_schema(tools, tool_choice, parallel), "tools.0.function.parameters" if len(tools) == 1 \
+            else "tools"
+    explicit = req.structured_outputs is not None or any(
+        v is not None for v in (req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar))
+    if tool_choice != "auto" or not tools or explicit:
+        return None, "tools"
+    union = auto_tool_constraint(tools, req.response_format, parallel)
+    strict = any(t.function.strict for t in tools)
+    has_format = req.response_format is not None and req.response_format.type != "text"
+    return union, "response_format" if has_format and not strict else "tools"
 
 
 def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
@@ -85,10 +100,9 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
     check_request_shape(req)
     tool_choice = _tool_choice(req)
     _check_json_fields(req, state.options.max_json_depth)
-    forced = req.tools and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
-    constraint = output_constraint(req, req.response_format,
-                                   forced_tool_schema(req.tools, tool_choice, req.parallel_tool_calls is not False)
-                                   if forced else None, _tools_param(req, tool_choice),
+    tools_constraint, tools_param = _tools_constraint(req, tool_choice)
+    auto_union = tools_constraint is not None and tool_choice == "auto"  # holds the response format too
+    constraint = output_constraint(req, None if auto_union else req.response_format, tools_constraint, tools_param,
                                    max_json_depth=state.options.max_json_depth)
     constraint_param, structured = constraint if constraint is not None else (None, None)
     if req.top_logprobs is not None:

@@ -70,6 +70,7 @@ class FunctionDefinition(_Request):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the arguments of a call must fit `parameters` (enforced by the output constraint)
 
 
 class ToolDefinition(_Request):
