@@ -8,7 +8,8 @@ tool_parser.py). Streaming sends content as it comes and each choice's tool call
 from __future__ import annotations
 
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive
@@ -24,6 +25,7 @@ from vx.serve.params import check_context_length, check_request_shape, output_co
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
+from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tool_grammar import auto_tool_constraint
@@ -119,7 +121,8 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
                                        tools=req.tools if tool_choice != "none" else None,
                                        chat_template=chat_template, trusted=not req.chat_template,
                                        add_generation_prompt=req.add_generation_prompt,
-                                       max_model_len=state.max_model_len, tokenize_limiter=state.tokenize_limiter)
+                                       max_model_len=state.max_model_len, tokenize_limiter=state.tokenize_limiter,
+                                       template_kwargs=req.chat_template_kwargs)
     max_tokens, max_param = ((req.max_completion_tokens, "max_completion_tokens")
                              if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
     check_context_length(len(prompt_ids), max_tokens, state.max_model_len, param=max_param, prompt_name="messages")
@@ -128,7 +131,7 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
     params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
     rid, created = new_id("chatcmpl"), int(time.time())
     job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start, constraint_param)[0]
-    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n)
+    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n, _reasoning(state, req, tool_choice, prompt_ids))
 
     if not req.stream:
         try:
@@ -170,7 +173,7 @@ class _ReplyReader:
     """Turns a choice's generated text into OpenAI's message: content, tool calls, logprobs, finish reason."""
 
     def __init__(self, req: ChatCompletionRequest, tool_choice: str | NamedToolChoice, tokenizer: Any,
-                 top_n: int) -> None:
+                 top_n: int, reasoning: Callable[[], ReasoningSplitter] | None = None) -> None:
         self.req = req
         self.tool_choice = tool_choice
         self.forced = req.tools is not None and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
@@ -179,6 +182,8 @@ class _ReplyReader:
         self.top_n = top_n
         self.buffers: dict[int, ToolCallStreamBuffer] = {}  # "auto" streaming: per choice
         self.opened: set[int] = set()  # choices whose role went out
+        self.reasoning = reasoning  # a new splitter per choice, when the reply is read for a think block
+        self.splitters: dict[int, ReasoningSplitter] = {}  # streaming: per choice
 
     def _calls(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         if self.forced:  # the whole reply is the call, complete or cut short: never content
@@ -196,10 +201,12 @@ class _ReplyReader:
         return ChatLogprobs(content=chat_logprobs(self.tokenizer, token_ids, positions, self.top_n))
 
     def final_choice(self, c: Choice) -> ChatChoice:
-        content, calls = self._calls(c.text)
+        reasoning, text = self.reasoning().split(c.text) if self.reasoning is not None else (None, c.text)
+        content, calls = self._calls(text) if text is not None else (None, [])
         calls = self._limit(calls)
         tool_calls = [ToolCall(id=k.id, function=FunctionCall(name=k.name, arguments=k.arguments)) for k in calls]
-        return ChatChoice(index=c.index, message=ChatMessage(content=content, tool_calls=tool_calls or None),
+        return ChatChoice(index=c.index, message=ChatMessage(content=content, reasoning_content=reasoning,
+                                                             tool_calls=tool_calls or None),
                           logprobs=self._logprobs(c.token_ids, c.logprobs),
                           finish_reason=_finish_reason(calls, c.finish_reason), stop_reason=c.stop_reason)
 
@@ -214,12 +221,11 @@ class _ReplyReader:
                 out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(role="assistant", content="")))
                 self.opened.add(acc.index)
         buffer = self.buffers[acc.index]
+        thought, text = self._think(acc.index, delta)
         if self.forced:
             text = ""  # the whole reply is the call: nothing to show before it is complete
         elif self.tool_choice == "auto":
-            text = buffer.feed(delta.text)
-        else:
-            text = delta.text
+            text = buffer.feed(text)
         calls: list[ParsedToolCall] = []
         if delta.finish_reason is not None:
             if self.forced:
@@ -229,6 +235,9 @@ class _ReplyReader:
                 text += rest
             calls = self._limit(calls)
         logprobs = self._logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None
+        if thought:
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
+                reasoning_content=thought))))
         if text or logprobs is not None:
             out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(content=text)),
                                         logprobs=logprobs))
@@ -243,12 +252,35 @@ class _ReplyReader:
                                         stop_reason=delta.stop_reason))
         return out
 
+    def _think(self, index: int, delta: CompletionOutput) -> tuple[str, str]:
+        """The (reasoning, content) of one delta; all content when the reply is not read for a think block."""
+        if self.reasoning is None:
+            return "", delta.text
+        splitter = self.splitters.setdefault(index, self.reasoning())
+        thought, text = splitter.feed(delta.text)
+        if delta.finish_reason is not None:
+            more_thought, more_text = splitter.finish()
+            thought, text = thought + more_thought, text + more_text
+        return thought, text
+
     def _open(self, index: int, delta: DeltaMessage) -> DeltaMessage:
         """`delta`, carrying the role if it is the choice's first."""
         if index not in self.opened:
             self.opened.add(index)
             delta.role = "assistant"
         return delta
+
+
+def _reasoning(state: ServerState, req: ChatCompletionRequest, tool_choice: str | NamedToolChoice,
+               prompt_ids: list[int]) -> Callable[[], ReasoningSplitter] | None:
+    """The splitter factory for this request's replies, if they are read for a think block: a reasoning parser is
+    set, the request did not turn thinking off, and the reply is not a forced call (constrained from its start)."""
+    parser = state.options.reasoning_parser
+    if parser is None or not reasoning_enabled(parser, req.chat_template_kwargs) or \
+            tool_choice == "required" or isinstance(tool_choice, NamedToolChoice):
+        return None
+    opened = state.tokenizer.decode(prompt_ids[-8:]).rstrip().endswith(THINK_OPEN)  # the template opened it
+    return partial(ReasoningSplitter, parser, opened)
 
 
 def _finish_reason(calls: list[ParsedToolCall], finish_reason: str | None) -> str | None:
