@@ -9,7 +9,7 @@ import pytest
 from tests.support.server import MODEL, start_server, stop_server
 from tests.support.tiny_tokenizer import CHATML_TEMPLATE
 
-from vx.serve.reasoning import ReasoningSplitter, reasoning_enabled
+from vx.serve.reasoning import ReasoningSplitter, reasoning_enabled, starts_inside
 
 
 @pytest.mark.parametrize("parser, opened, text, reasoning, content", [
@@ -25,8 +25,9 @@ from vx.serve.reasoning import ReasoningSplitter, reasoning_enabled
 ])
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
 def test_reply_splits_alike_whole_and_streamed(parser, opened, text, reasoning, content, step):
-    assert ReasoningSplitter(parser, opened).split(text) == (reasoning, content)
-    splitter = ReasoningSplitter(parser, opened)
+    inside = starts_inside(parser, opened, constrained=False)
+    assert ReasoningSplitter(inside).split(text) == (reasoning, content)
+    splitter = ReasoningSplitter(inside)
     parts = [splitter.feed(text[i:i + step]) for i in range(0, len(text), step)] + [splitter.finish()]
     assert "".join(r for r, _ in parts) == (reasoning or "") and "".join(c for _, c in parts) == (content or "")
     if step == 1 and reasoning and len(reasoning) > 8:  # reasoning streams as it comes, not at the end
@@ -39,9 +40,13 @@ def test_thinking_turned_off_by_the_request():
     assert not reasoning_enabled("deepseek_r1", {"thinking": False}) and not reasoning_enabled(None, None)
 
 
-def test_unknown_parser():
+def test_where_a_reply_starts():
+    assert starts_inside("deepseek_r1", False, False) and starts_inside("qwen3", True, False)
+    assert not starts_inside("qwen3", False, False)
+    assert not starts_inside("deepseek_r1", True, True)  # a constrained reply: no block unless it writes <think>
+    assert ReasoningSplitter(False).split('{"a": 1}') == (None, '{"a": 1}')
     with pytest.raises(ValueError, match="deepseek_r1"):
-        ReasoningSplitter("nope")
+        starts_inside("nope", False, False)
 
 
 # ChatML, with Qwen3's switch: thinking off writes an empty think block into the prompt; `open_think` opens one.
@@ -91,3 +96,11 @@ def test_chat_template_kwargs_reach_the_template_and_the_parser(thinking):
     with pytest.raises(openai.BadRequestError) as e:
         _ask(thinking, extra={"chat_template_kwargs": {"messages": []}})
     assert e.value.body["param"] == "chat_template_kwargs"
+
+
+def test_a_json_reply_is_content_even_when_the_prompt_opened_a_block(thinking):
+    out = thinking.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0,
+                                           response_format={"type": "json_object"},
+                                           extra_body={"chat_template_kwargs": {"open_think": True}})
+    msg = out.choices[0].message
+    assert msg.reasoning_content is None and msg.content.startswith("{")

@@ -25,7 +25,7 @@ from vx.serve.params import check_context_length, check_request_shape, output_co
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
-from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled
+from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled, starts_inside
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tool_grammar import auto_tool_constraint
@@ -131,7 +131,8 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
     params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
     rid, created = new_id("chatcmpl"), int(time.time())
     job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start, constraint_param)[0]
-    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n, _reasoning(state, req, tool_choice, prompt_ids))
+    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n,
+                          _reasoning(state, req, tool_choice, prompt_ids, structured))
 
     if not req.stream:
         try:
@@ -272,15 +273,18 @@ class _ReplyReader:
 
 
 def _reasoning(state: ServerState, req: ChatCompletionRequest, tool_choice: str | NamedToolChoice,
-               prompt_ids: list[int]) -> Callable[[], ReasoningSplitter] | None:
+               prompt_ids: list[int], structured: StructuredOutputsParams | None
+               ) -> Callable[[], ReasoningSplitter] | None:
     """The splitter factory for this request's replies, if they are read for a think block: a reasoning parser is
-    set, the request did not turn thinking off, and the reply is not a forced call (constrained from its start)."""
+    set, the request did not turn thinking off, and the reply is not a forced call (constrained from its start).
+    JSON and choice constraints hold the reply from its first token; a regex or grammar may write the block."""
     parser = state.options.reasoning_parser
     if parser is None or not reasoning_enabled(parser, req.chat_template_kwargs) or \
             tool_choice == "required" or isinstance(tool_choice, NamedToolChoice):
         return None
     opened = state.tokenizer.decode(prompt_ids[-8:]).rstrip().endswith(THINK_OPEN)  # the template opened it
-    return partial(ReasoningSplitter, parser, opened)
+    constrained = structured is not None and structured.kind not in ("regex", "grammar")
+    return partial(ReasoningSplitter, starts_inside(parser, opened, constrained))
 
 
 def _finish_reason(calls: list[ParsedToolCall], finish_reason: str | None) -> str | None:

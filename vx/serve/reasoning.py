@@ -6,7 +6,9 @@ Parsers (`REASONING_PARSERS`): "deepseek_r1" reads the reply as reasoning from i
 reads a block only when the reply opens with `<think>`, or when the rendered prompt ends with one (templates that
 open it for the model); so Qwen3 with `chat_template_kwargs: {"enable_thinking": false}`, whose template writes an
 empty block into the prompt, answers in plain content. Either way, `enable_thinking: false` (or `thinking:
-false`) in the request's `chat_template_kwargs` turns the parser off for that request.
+false`) in the request's `chat_template_kwargs` turns the parser off for that request. A reply held to an output
+constraint from its first token (a JSON schema, JSON object or choice) has a block only if it opens with
+`<think>`.
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ def reasoning_enabled(parser: str | None, chat_template_kwargs: dict[str, Any] |
         and kwargs.get("thinking", True) is not False
 
 
+def starts_inside(parser: str, prompt_opened: bool, constrained: bool) -> bool:
+    """Whether a reply starts inside the think block: the prompt opened it, or the parser says replies always do
+    (deepseek_r1); never for a reply an output constraint holds from its first token (its grammar has no block)."""
+    if parser not in REASONING_PARSERS:
+        raise ValueError(f"Unknown reasoning parser {parser!r}; known: {', '.join(REASONING_PARSERS)}.")
+    return not constrained and (prompt_opened or parser == "deepseek_r1")
+
+
 class ReasoningSplitter:
     """Splits one reply, fed as it streams, into reasoning and content; holds back only what may be part of a tag.
 
-    `opened` says that the prompt already opened the think block (the reply starts inside it).
+    With `inside`, the reply starts inside the think block (`starts_inside`); a leading `<think>` opens it anyway.
     """
 
-    def __init__(self, parser: str, opened: bool = False) -> None:
-        if parser not in REASONING_PARSERS:
-            raise ValueError(f"Unknown reasoning parser {parser!r}; known: {', '.join(REASONING_PARSERS)}.")
-        self.starts_inside = opened or parser == "deepseek_r1"
+    def __init__(self, inside: bool = False) -> None:
+        self.starts_inside = inside
         self.state = "start"  # "start": the reply may still open with <think>; then "reasoning", then "content"
         self.pending = ""
         self.content_started = False  # the whitespace between </think> and the answer is dropped
