@@ -1,8 +1,10 @@
 """`POST /v1/chat/completions`: chat through the model's template, with tool calls and JSON output.
 
 `tool_choice` decides how a reply is read: "none" (plain content), "auto" (content, unless the model wrote
-tool calls, which are parsed out), "required" or a named function (the output is constrained to a call, see
-tool_parser.py). Streaming sends content as it comes and each choice's tool calls as one delta at its end.
+tool calls, which are parsed out; constrained by tool_grammar.py when a response_format or a strict tool asks),
+"required" or a named function (the output is constrained to a call, see tool_parser.py). With a reasoning
+parser, a think block is read out first (reasoning.py). Streaming sends reasoning and content as they come and
+each choice's tool calls as one delta at its end.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Tool calls: find them in a model's text (`tool_choice="auto"`), or force them with a JSON schema.
 
 With "auto" the model writes tool calls as text: Hermes style `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>` (Qwen, Hermes, SmolLM and most ChatML models), or a bare JSON object (or list of them) with
-`name` and `arguments` (Llama 3 style, which also says `parameters`). With "required" or a named function, the
-output is constrained by structured outputs to a JSON schema built from the tools' parameter schemas, so the
-reply is always a valid call.
+</tool_call>` (Qwen, Hermes, SmolLM and most ChatML models), or a bare JSON object (or list of them) that
+opens with `"name"`, then `arguments` (Llama 3 style, which also says `parameters`). With "required" or a named
+function, the output is constrained by structured outputs to a JSON schema built from the tools' parameter
+schemas, so the reply is always a valid call, or, cut short by max_tokens, the start of one (read as a partial
+call, as OpenAI returns it).
 """
 
 from __future__ import annotations
