@@ -277,3 +277,18 @@ def test_a_call_to_a_strict_tool_fits_its_parameters(client, server_tokenizer):
                                              logit_bias=_first_char_bias(server_tokenizer, "<"))
         assert out.choices[0].finish_reason == "tool_calls"
         _check_calls(out.choices[0].message.tool_calls)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_call_streams_its_arguments_as_they_are_written(http, client, tool_choice):
+    body = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, parallel_tool_calls=False,
+                **GREEDY)
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    pieces = [tc for e in events for c in e["choices"] for tc in c["delta"].get("tool_calls") or []]
+    assert pieces[0]["id"].startswith("call_") and pieces[0]["function"]["name"] in SCHEMAS
+    assert len(pieces) >= 3 and all(p["index"] == 0 and p.get("id") is None for p in pieces[1:])
+    arguments = "".join(p["function"]["arguments"] for p in pieces)
+    whole = client.chat.completions.create(**body).choices[0].message.tool_calls[0]
+    assert (pieces[0]["function"]["name"], json.loads(arguments)) == (whole.function.name,
+                                                                     json.loads(whole.function.arguments))

@@ -3,8 +3,8 @@
 `tool_choice` decides how a reply is read: "none" (plain content), "auto" (content, unless the model wrote
 tool calls, which are parsed out; constrained by tool_grammar.py when a response_format or a strict tool asks),
 "required" or a named function (the output is constrained to a call, see tool_parser.py). With a reasoning
-parser, a think block is read out first (reasoning.py). Streaming sends reasoning and content as they come and
-each choice's tool calls as one delta at its end.
+parser, a think block is read out first (reasoning.py). Streaming sends reasoning and content as they come, a
+forced call's arguments as they are written, and the calls of an "auto" reply as one delta at its end.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled,
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tool_grammar import auto_tool_constraint
-from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema,
-                                  parse_tool_calls)
+from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_call_texts, forced_tool_calls,
+                                  forced_tool_schema, new_call_id, parse_tool_calls)
 from vx.serve.validation import check_json_schema, check_json_text
 
 ENDPOINT = "/v1/chat/completions"
@@ -187,6 +187,7 @@ class _ReplyReader:
         self.opened: set[int] = set()  # choices whose role went out
         self.reasoning = reasoning  # a new splitter per choice, when the reply is read for a think block
         self.splitters: dict[int, ReasoningSplitter] = {}  # streaming: per choice
+        self.streamed: dict[int, list[list[Any]]] = {}  # forced streaming: per choice, [id, arguments sent] a call
 
     def _calls(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         if self.forced:  # the whole reply is the call, complete or cut short: never content
@@ -211,7 +212,7 @@ class _ReplyReader:
         return ChatChoice(index=c.index, message=ChatMessage(content=content, reasoning_content=reasoning,
                                                              tool_calls=tool_calls or None),
                           logprobs=self._logprobs(c.token_ids, c.logprobs),
-                          finish_reason=_finish_reason(calls, c.finish_reason), stop_reason=c.stop_reason)
+                          finish_reason=_finish_reason(bool(calls), c.finish_reason), stop_reason=c.stop_reason)
 
     def delta_choices(self, acc: Choice, delta: CompletionOutput) -> list[ChatStreamChoice]:
         """The chunks for one delta of one choice (`acc` already holds it): the role first, then content,
@@ -225,18 +226,15 @@ class _ReplyReader:
                 self.opened.add(acc.index)
         buffer = self.buffers[acc.index]
         thought, text = self._think(acc.index, delta)
+        forced_calls = self._forced_deltas(acc, delta.finish_reason is not None) if self.forced else []
         if self.forced:
-            text = ""  # the whole reply is the call: nothing to show before it is complete
+            text = ""  # the whole reply is the call: it streams as the call's arguments
         elif self.tool_choice == "auto":
             text = buffer.feed(text)
         calls: list[ParsedToolCall] = []
-        if delta.finish_reason is not None:
-            if self.forced:
-                _, calls = self._calls(acc.text)
-            elif self.tool_choice == "auto":
-                rest, calls = buffer.finish()
-                text += rest
-            calls = self._limit(calls)
+        if delta.finish_reason is not None and self.tool_choice == "auto":
+            rest, calls = buffer.finish()
+            text, calls = text + rest, self._limit(calls)
         logprobs = self._logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None
         if thought:
             out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
@@ -244,15 +242,35 @@ class _ReplyReader:
         if text or logprobs is not None:
             out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(content=text)),
                                         logprobs=logprobs))
-        if calls:
-            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(tool_calls=[
-                DeltaToolCall(index=i, id=k.id, type="function",
-                              function=DeltaFunctionCall(name=k.name, arguments=k.arguments))
-                for i, k in enumerate(calls)]))))
+        tool_deltas = forced_calls or [DeltaToolCall(index=i, id=k.id, type="function", function=DeltaFunctionCall(
+            name=k.name, arguments=k.arguments)) for i, k in enumerate(calls)]
+        if tool_deltas:
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
+                tool_calls=tool_deltas))))
         if delta.finish_reason is not None:
+            made_calls = bool(calls or self.streamed.get(acc.index))
             out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage()),
-                                        finish_reason=_finish_reason(calls, delta.finish_reason),
+                                        finish_reason=_finish_reason(made_calls, delta.finish_reason),
                                         stop_reason=delta.stop_reason))
+        return out
+
+    def _forced_deltas(self, acc: Choice, finished: bool) -> list[DeltaToolCall]:
+        """A forced call streams as OpenAI's do: a call's id and name once its name is complete, then its
+        arguments text as it is written (the name of a call cut short goes out at the end)."""
+        texts = forced_call_texts(acc.text, self.tool_choice, sorted(self.tool_names))
+        sent = self.streamed.setdefault(acc.index, [])  # per call: its id and how much of its arguments went out
+        out = []
+        for i, call in enumerate(texts[:1] if self.req.parallel_tool_calls is False else texts):
+            piece = call.arguments[sent[i][1]:] if i < len(sent) else call.arguments
+            if i == len(sent):
+                if not (call.name_complete or finished):
+                    break
+                sent.append([new_call_id(), 0])
+                out.append(DeltaToolCall(index=i, id=sent[i][0], type="function",
+                                         function=DeltaFunctionCall(name=call.name, arguments=piece)))
+            elif piece:
+                out.append(DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=piece)))
+            sent[i][1] = max(sent[i][1], len(call.arguments))
         return out
 
     def _think(self, index: int, delta: CompletionOutput) -> tuple[str, str]:
@@ -289,9 +307,9 @@ def _reasoning(state: ServerState, req: ChatCompletionRequest, tool_choice: str 
     return partial(ReasoningSplitter, starts_inside(parser, opened, constrained))
 
 
-def _finish_reason(calls: list[ParsedToolCall], finish_reason: str | None) -> str | None:
+def _finish_reason(made_calls: bool, finish_reason: str | None) -> str | None:
     """"tool_calls" for a reply that made calls, unless max_tokens cut it ("length", as OpenAI says then)."""
-    return "tool_calls" if calls and finish_reason != "length" else finish_reason
+    return "tool_calls" if made_calls and finish_reason != "length" else finish_reason
 
 
 def _usage(job: EngineJob) -> UsageInfo:

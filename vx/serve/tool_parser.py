@@ -34,7 +34,12 @@ class ParsedToolCall:
 
     def __post_init__(self) -> None:
         if not self.id:
-            self.id = "call_" + uuid.uuid4().hex[:24]
+            self.id = new_call_id()
+
+
+def new_call_id() -> str:
+    """A tool call's id, in OpenAI's style."""
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ParsedToolCall]]:
@@ -179,24 +184,20 @@ def forced_tool_schema(tools: list[ToolDefinition], tool_choice: str | NamedTool
 
 def forced_tool_calls(text: str, tool_choice: str | NamedToolChoice,
                       tool_names: list[str] | None = None) -> list[ParsedToolCall]:
-    """The calls in a reply generated under `forced_tool_schema`. A reply cut short (by max_tokens) still gives
-    its calls, the last one with the arguments text written so far, as OpenAI sends a cut call; its name, if cut
-    too, is the one tool of `tool_names` it can still be, else what was written of it."""
-    if isinstance(tool_choice, NamedToolChoice):  # the whole reply is the arguments object
-        return [ParsedToolCall(name=tool_choice.function.name, arguments=_compact(text))]
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return _cut_calls(text, tool_names or [])
-    if not isinstance(obj, list):
-        return []
-    calls = []
-    for item in obj:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            return []
-        calls.append(ParsedToolCall(name=item["name"],
-                                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False)))
-    return calls
+    """The calls in a reply generated under `forced_tool_schema`, arguments as compact JSON. A reply cut short
+    (by max_tokens) still gives its calls, the last one with the arguments text written so far, as OpenAI sends
+    a cut call (see `forced_call_texts`)."""
+    return [ParsedToolCall(name=c.name, arguments=_compact(c.arguments))
+            for c in forced_call_texts(text, tool_choice, tool_names or [])]
+
+
+@dataclass
+class CallText:
+    """One call of a forced reply as written so far: its name and the raw text of its arguments."""
+
+    name: str
+    arguments: str
+    name_complete: bool  # False: `name` is the one tool the cut name can still be, else what was written of it
 
 
 # One call of a "required" reply, as the schema orders it: {"name": "...", "parameters": ...; either may be cut.
@@ -204,36 +205,43 @@ _CUT_NAME = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)(")?')
 _CUT_ARGUMENTS = re.compile(r'\s*,\s*"parameters"\s*:\s*', re.DOTALL)
 
 
-def _cut_calls(text: str, tool_names: list[str]) -> list[ParsedToolCall]:
-    """The calls of a "required" reply that stops early: the complete ones, then the one it stopped in."""
+def forced_call_texts(text: str, tool_choice: str | NamedToolChoice, tool_names: list[str]) -> list[CallText]:
+    """The calls of a (possibly unfinished) reply generated under `forced_tool_schema`: for a named function the
+    whole reply is its arguments; for "required", a JSON list of `{"name": ..., "parameters": ...}`, whose
+    complete items come first and then the one it stopped in. Each call's arguments text only grows as the reply
+    does, so a stream can send the difference."""
+    if isinstance(tool_choice, NamedToolChoice):
+        return [CallText(tool_choice.function.name, text, True)]
     decoder = json.JSONDecoder()
     body = text.lstrip()
     pos = 1 if body.startswith("[") else 0
-    calls: list[ParsedToolCall] = []
+    calls: list[CallText] = []
     while True:
         rest = body[pos:].lstrip().removeprefix(",").lstrip()
+        if (rest and not rest.startswith("{")) or (not rest and calls):
+            return calls  # the end of the list (or not a call at all), or a reply cut between two calls
         try:
             item, end = decoder.raw_decode(rest)
         except json.JSONDecodeError:
-            break
-        if not isinstance(item, dict):
+            calls.append(_call_text(rest, None, tool_names))
             return calls
-        calls.append(ParsedToolCall(name=str(item.get("name", "")),
-                                    arguments=json.dumps(item.get("parameters", {}), ensure_ascii=False)))
+        calls.append(_call_text(rest[:end], item, tool_names))
         pos = len(body) - len(rest) + end
-    rest = body[pos:].lstrip().removeprefix(",").lstrip()
-    if (rest and not rest.startswith("{")) or (not rest and calls):
-        return calls  # not a call at all, or cut between two calls
-    name, arguments, named = "", "", _CUT_NAME.match(rest)
-    if named is not None:
-        name = named.group(1)
-        after = _CUT_ARGUMENTS.match(rest, named.end()) if named.group(2) else None
-        arguments = rest[after.end():] if after is not None else ""
-    if named is None or not named.group(2):  # the name itself was cut: complete it where only one tool fits
+
+
+def _call_text(written: str, item: Any, tool_names: list[str]) -> CallText:
+    """One call from its text; `item` is that text parsed, None while it is unfinished."""
+    named = _CUT_NAME.match(written)
+    if named is None or named.group(2) is None:  # the name itself was cut: complete it where only one tool fits
+        name = named.group(1) if named is not None else ""
         fits = [t for t in tool_names if t.startswith(name)]
-        name = fits[0] if len(fits) == 1 else name
-    calls.append(ParsedToolCall(name=name, arguments=_compact(arguments)))
-    return calls
+        return CallText(fits[0] if len(fits) == 1 else name, "", False)
+    after = _CUT_ARGUMENTS.match(written, named.end())
+    arguments = written[after.end():] if after is not None else ""
+    if item is not None:  # the call's own closing brace follows its arguments
+        arguments = arguments.rstrip().removesuffix("}").rstrip()
+    name = item["name"] if isinstance(item, dict) and isinstance(item.get("name"), str) else named.group(1)
+    return CallText(name, arguments, True)
 
 
 def _compact(arguments: str) -> str:
