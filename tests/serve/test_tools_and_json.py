@@ -201,11 +201,13 @@ def test_no_tool_calls_means_no_tool_calls_field(http):
 
 def test_a_streamed_call_opens_with_null_content(http):
     with http.stream("POST", "/v1/chat/completions", json=dict(
-            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", stream=True, **GREEDY)) as r:
+            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", stream=True, logprobs=True,
+            **GREEDY)) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     deltas = [c["delta"] for e in events for c in e["choices"]]
-    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None and deltas[0]["tool_calls"]
-    assert all(d.get("content") is None for d in deltas)
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None
+    assert any(d["tool_calls"] for d in deltas) and all(d.get("content") is None for d in deltas)
+    assert any(c.get("logprobs") for e in events for c in e["choices"])  # logprobs come without content
 
 
 _EMPTY_RANGE = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}  # valid JSON

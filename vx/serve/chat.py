@@ -240,7 +240,8 @@ class _ReplyReader:
             out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
                 reasoning_content=thought))))
         if text or logprobs is not None:
-            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(content=text)),
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
+                content=None if self.forced else text)),  # (a forced reply's logprobs come with no content)
                                         logprobs=logprobs))
         tool_deltas = forced_calls or [DeltaToolCall(index=i, id=k.id, type="function", function=DeltaFunctionCall(
             name=k.name, arguments=k.arguments)) for i, k in enumerate(calls)]
