@@ -56,3 +56,12 @@ def test_responses_carry_the_request_id(http):
     assert other.headers["x-request-id"] != bad.headers["x-request-id"]
     unauthorized = http.get("/v1/models", headers={"Authorization": "Bearer wrong", "x-request-id": "abc"})
     assert unauthorized.status_code == 401 and unauthorized.headers["x-request-id"] == "abc"
+
+
+def test_a_stream_carries_the_request_id(http):
+    with http.stream("POST", "/v1/chat/completions", json=dict(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                                               stream=True), headers={"x-request-id": "s-1"}) as r:
+        assert r.status_code == 200 and r.headers["x-request-id"] == "s-1"
+        r.read()
+    odd = http.get("/v1/models", headers={"x-request-id": "\x7f" * 3})  # not printable: replaced
+    assert len(odd.headers["x-request-id"]) == 32
