@@ -96,11 +96,13 @@ def test_structured_outputs_params_need_exactly_one_constraint():
     from vx.sampling_params import StructuredOutputsParams
 
     for bad in ({}, {"regex": "a", "choice": ["x"]}, {"json": 3}, {"regex": ""}, {"choice": []},
-                {"choice": ["a", 1]}, {"grammar": 5}, {"json_object": 1}):
-        with pytest.raises(ValueError, match="json|regex|choice|grammar"):
+                {"choice": ["a", 1]}, {"grammar": 5}, {"json_object": 1}, {"structural_tag": ""},
+                {"structural_tag": "{}", "regex": "a"}):
+        with pytest.raises(ValueError, match="json|regex|choice|grammar|structural_tag"):
             StructuredOutputsParams(**bad)
     so = StructuredOutputsParams(choice=["yes", "no"])
     assert so.kind == "choice" and StructuredOutputsParams(json_object=True).kind == "json_object"
+    assert StructuredOutputsParams(structural_tag='{"type": "structural_tag"}').kind == "structural_tag"
     params = SamplingParams(structured_outputs=so)
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
     assert wire.structured_outputs == so

@@ -140,6 +140,8 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         help_text = f.metadata.get("help", "") + " (default: %(default)s)"
         if f.type == "bool":
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        elif "choices" in f.metadata:
+            group.add_argument(flag, choices=f.metadata["choices"], default=f.default, help=help_text)
         else:
             group.add_argument(flag, type=int if f.type == "int" else float, default=f.default, help=help_text)
 

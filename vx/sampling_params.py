@@ -50,8 +50,10 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Constrain the output to a JSON schema, a regex, one of some strings, or a grammar (vLLM's names).
 
     Exactly one of the fields is set. `json` is a JSON schema (a dict, or its JSON text); `json_object=True`
-    asks for any JSON object; `grammar` is an EBNF (GBNF) grammar. The engine compiles it with xgrammar
-    and masks, at every step, the tokens that would break it.
+    asks for any JSON object; `grammar` is an EBNF (GBNF) grammar; `structural_tag` is the JSON text of an
+    xgrammar structural tag (`{"type": "structural_tag", "format": ...}`: text, tags and JSON schemas combined,
+    e.g. "content fitting a schema, or tool calls"). The engine compiles it with xgrammar and masks, at every
+    step, the tokens that would break it.
     """
 
     json: dict[str, Any] | str | None = None
@@ -59,20 +61,21 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
 
     def __post_init__(self) -> None:
         self.verify()
 
     def verify(self) -> None:
         """`ValueError` unless exactly one constraint is set, with a value of the right type."""
-        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
                  if getattr(self, name) not in (None, False)]
         if len(given) != 1:
             raise ValueError("StructuredOutputsParams needs exactly one of json, regex, choice, grammar, "
-                             f"json_object; got {given or 'none'}.")
+                             f"json_object, structural_tag; got {given or 'none'}.")
         if self.json is not None and not isinstance(self.json, (dict, str)):
             raise ValueError(f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}.")
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "structural_tag"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty str, got {value!r}.")
@@ -99,13 +102,13 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 return None
         if self.choice is not None:
             return sum(len(c.encode()) for c in self.choice)
-        text = self.json if isinstance(self.json, str) else self.regex or self.grammar
+        text = self.json if isinstance(self.json, str) else self.regex or self.grammar or self.structural_tag
         return len(text.encode()) if text else 0
 
     @property
     def kind(self) -> str:
-        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
-        for name in ("json", "regex", "choice", "grammar"):
+        """Which constraint is set: "json", "regex", "choice", "grammar", "structural_tag" or "json_object"."""
+        for name in ("json", "regex", "choice", "grammar", "structural_tag"):
             if getattr(self, name) is not None:
                 return name
         return "json_object"

@@ -88,6 +88,23 @@ def test_ebnf_grammar_output_is_in_its_language(llm):
         assert re.fullmatch(r"(yes|no), [0-9]{1,2}", c.text), c.text
 
 
+def test_structural_tag_output_is_text_or_a_tag_with_its_schema(llm):
+    """An xgrammar structural tag: either a JSON answer or a tagged call whose arguments fit their schema."""
+    answer = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    def json_format(schema):  # whitespace bounded, as the server's tool grammar has it: a random model fills any
+        return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
+
+    tag = {"type": "tag", "begin": "<call>", "content": json_format(SCHEMA), "end": "</call>"}
+    spec = {"type": "structural_tag", "format": {"type": "or", "elements": [json_format(answer), tag]}}
+    for c in completions(llm, greedy_and_seeded(SO(structural_tag=json.dumps(spec)), max_tokens=96)):
+        assert c.finish_reason == "stop", c
+        if c.text.startswith("<call>"):
+            assert c.text.endswith("</call>")
+            jsonschema.validate(json.loads(c.text[len("<call>"):-len("</call>")]), SCHEMA)
+        else:
+            jsonschema.validate(json.loads(c.text), answer)
+
+
 def test_grammar_wins_over_ignore_eos(llm):
     """With ignore_eos the stop token does not end the request, but the completed grammar does."""
     for c in completions(llm, greedy_and_seeded(SO(regex=REGEX), max_tokens=40, ignore_eos=True)):

@@ -35,3 +35,11 @@ def http(server) -> Iterator[httpx.Client]:
     """A raw HTTP client with the API key, for what the openai client hides (status codes, SSE bytes)."""
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def server_tokenizer(tiny_model_dir):
+    """The session server's tokenizer, for token ids (logit_bias) and prompt lengths."""
+    from vx.client.tokenizer import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)

@@ -8,7 +8,8 @@ import jsonschema
 import pytest
 
 from vx.serve.protocol import NamedToolChoice, ToolDefinition
-from vx.serve.tool_parser import (ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema, parse_tool_calls)
+from vx.serve.tool_parser import (ToolCallStreamBuffer, bare_call_start, forced_tool_calls, forced_tool_schema,
+                                  parse_tool_calls)
 
 NAMES = {"get_weather", "get_time"}
 
@@ -73,6 +74,22 @@ def test_stream_buffer_holds_a_bare_json_call():
     assert sent == "" and rest == "" and calls == [("get_weather", {"city": "Oslo"})]
 
 
+def test_json_content_streams_as_it_comes():
+    text = '{"answer": "yes", "name": "get_weather"}'
+    buf = ToolCallStreamBuffer(NAMES)
+    sent = [buf.feed(ch) for ch in text]
+    assert "".join(sent[:2]) == "" and "".join(sent[:3]) == '{"a'  # held only while it can be '{"name"'
+    assert "".join(sent) + buf.finish()[0] == text
+
+
+@pytest.mark.parametrize("text, state", [
+    ("", "maybe"), ("  [", "maybe"), ('{"na', "maybe"), ('[ {"name" : "get_', "maybe"), ('{"name": "get_time"', "call"),
+    ('{"name": "bob"', "no"), ('{"city"', "no"), ("[1, 2]", "no"), ("Hi", "no"), ('{"name": 3', "no"),
+])
+def test_bare_call_start(text, state):
+    assert bare_call_start(text, NAMES) == state
+
+
 TOOLS = [ToolDefinition.model_validate(t) for t in [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
@@ -109,7 +126,8 @@ def test_named_schema_is_the_functions_parameters():
     assert forced_tool_schema(TOOLS, choice).json == TOOLS[0].function.parameters
     calls = forced_tool_calls('{"city": "Paris"}', choice)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
-    assert forced_tool_calls('{"city": "Par', choice) == []  # cut short: no call
+    cut = forced_tool_calls('{"city": "Par', choice)  # cut short: the arguments as far as they got
+    assert [(c.name, c.arguments) for c in cut] == [("get_weather", '{"city": "Par')]
 
 
 def test_forced_output_parses_into_calls():
@@ -117,4 +135,19 @@ def test_forced_output_parses_into_calls():
     calls = forced_tool_calls(text, "required")
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {}), ("get_weather", {"city": "Rome"})]
     assert len({c.id for c in calls}) == 2
-    assert forced_tool_calls('[{"name": "get_time", "parameters": {}}', "required") == []
+
+
+
+
+@pytest.mark.parametrize("text, calls", [
+    ("", [("get_time", "")]),  # nothing yet: the one tool it can be
+    ('[{"name": "get_', [("get_time", "")]),
+    ('[{"name": "get_time", "parameters": {"zone": "U', [("get_time", '{"zone": "U')]),
+    ('[{"name":"get_time","parameters":{}}', [("get_time", "{}")]),
+    ('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {', [
+        ("get_time", "{}"), ("get_weather", "{")]),
+    ('[{"name": "get_', [("get_", "")]),  # two tools fit: the name as far as it got
+])
+def test_a_cut_required_reply_gives_its_calls_so_far(text, calls):
+    names = ["get_time"] if calls[0][0] == "get_time" and len(calls) == 1 else sorted(NAMES)
+    assert [(c.name, c.arguments) for c in forced_tool_calls(text, "required", names)] == calls

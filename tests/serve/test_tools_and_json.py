@@ -174,3 +174,123 @@ def test_n_choices_with_logprobs(client):
                 finishes[ch.index] = ch.finish_reason
     assert finishes == {0: "length", 1: "length"}
     assert texts == {c.index: c.message.content for c in chat.choices}  # same seed, same samples
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_by_max_tokens_is_a_partial_call(client, tool_choice):
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS[:1], tool_choice=tool_choice, temperature=0.0,
+                  max_tokens=4)
+    out = client.chat.completions.create(**kwargs)
+    choice = out.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    with pytest.raises(json.JSONDecodeError):  # the arguments as far as they got: not yet JSON
+        json.loads(call.function.arguments)
+    whole = client.chat.completions.create(**{**kwargs, "max_tokens": 100}).choices[0].message.tool_calls[0]
+    assert whole.function.arguments.replace(" ", "").startswith(call.function.arguments.replace(" ", ""))
+    content, calls, finish = _collect_stream(client.chat.completions.create(stream=True, **kwargs))
+    assert finish == "length" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", call.function.arguments)]
+
+
+def test_no_tool_calls_means_no_tool_calls_field(http):
+    body = http.post("/v1/chat/completions", json=dict(model=MODEL, messages=MESSAGES, max_tokens=2)).json()
+    assert body["choices"][0]["message"].get("tool_calls") is None
+
+
+def test_a_streamed_call_opens_with_null_content(http):
+    with http.stream("POST", "/v1/chat/completions", json=dict(
+            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", stream=True, logprobs=True,
+            **GREEDY)) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert deltas[0]["role"] == "assistant" and deltas[0]["content"] is None
+    assert any(d["tool_calls"] for d in deltas) and all(d.get("content") is None for d in deltas)
+    assert any(c.get("logprobs") for e in events for c in e["choices"])  # logprobs come without content
+
+
+_EMPTY_RANGE = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}  # valid JSON
+# schema, but no value fits: the engine's grammar compiler refuses it
+
+
+def _tool(name, parameters):
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": _EMPTY_RANGE}}),
+     "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "bogus"}}}),
+     "response_format"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/no"}}}),
+     "response_format"),
+    (dict(extra_body={"structured_outputs": {"regex": "(abc"}}), "structured_outputs"),
+    (dict(extra_body={"guided_regex": "(?=a)b"}), "guided_regex"),
+    (dict(tools=[_tool("f", _EMPTY_RANGE)], tool_choice="required"), "tools.0.function.parameters"),
+    (dict(tools=[_tool("f", WEATHER), _tool("g", _EMPTY_RANGE)],
+          tool_choice={"type": "function", "function": {"name": "g"}}), "tools.1.function.parameters"),
+    (dict(tools=[_tool("f", {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}})]),
+     "tools.0.function.parameters"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_bad_constraints_are_400s_naming_their_field(client, kwargs, param, stream):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, stream=stream, **kwargs)
+    assert e.value.status_code == 400 and e.value.body["param"] == param
+    assert e.value.body["message"].startswith(param) and "structured_outputs" not in e.value.body["message"].replace(
+        param, "")
+
+
+VERDICT = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+           "additionalProperties": False}
+VERDICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT}}
+
+
+def _first_char_bias(tokenizer, char):
+    """A logit bias that makes the model open its reply with `char` (where the constraint allows it)."""
+    return {str(tokenizer.convert_tokens_to_ids(char)): 100}
+
+
+STRICT_TOOLS = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+
+
+def test_auto_tools_with_a_response_format_may_call_a_tool_or_answer(client, server_tokenizer):
+    # Strict tools and one call: the bias towards '<' would otherwise fill free argument strings and more calls.
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=STRICT_TOOLS, response_format=VERDICT_FORMAT,
+                  parallel_tool_calls=False, **GREEDY)
+    call = client.chat.completions.create(logit_bias=_first_char_bias(server_tokenizer, "<"), **kwargs).choices[0]
+    assert call.finish_reason == "tool_calls" and call.message.content is None
+    assert call.message.tool_calls and {c.function.name for c in call.message.tool_calls} <= set(SCHEMAS)
+    answer = client.chat.completions.create(logit_bias=_first_char_bias(server_tokenizer, "{"), **kwargs).choices[0]
+    assert answer.finish_reason == "stop" and not answer.message.tool_calls
+    jsonschema.validate(json.loads(answer.message.content), VERDICT)
+    # the answer streams as it is generated: no tool call can begin with '{"a'
+    stream = client.chat.completions.create(logit_bias=_first_char_bias(server_tokenizer, "{"), stream=True, **kwargs)
+    pieces = [ch.delta.content for chunk in stream for ch in chunk.choices if ch.delta.content]
+    assert len(pieces) >= 3 and "".join(pieces) == answer.message.content
+
+
+def test_a_call_to_a_strict_tool_fits_its_parameters(client, server_tokenizer):
+    for seed in range(3):
+        out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=STRICT_TOOLS, temperature=1.0,
+                                             seed=seed, max_tokens=100, response_format=VERDICT_FORMAT,
+                                             parallel_tool_calls=False,
+                                             logit_bias=_first_char_bias(server_tokenizer, "<"))
+        assert out.choices[0].finish_reason == "tool_calls"
+        _check_calls(out.choices[0].message.tool_calls)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_call_streams_its_arguments_as_they_are_written(http, client, tool_choice):
+    body = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, parallel_tool_calls=False,
+                **GREEDY)
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    pieces = [tc for e in events for c in e["choices"] for tc in c["delta"].get("tool_calls") or []]
+    assert pieces[0]["id"].startswith("call_") and pieces[0]["function"]["name"] in SCHEMAS
+    assert len(pieces) >= 3 and all(p["index"] == 0 and p.get("id") is None for p in pieces[1:])
+    arguments = "".join(p["function"]["arguments"] for p in pieces)
+    whole = client.chat.completions.create(**body).choices[0].message.tool_calls[0]
+    assert (pieces[0]["function"]["name"], json.loads(arguments)) == (whole.function.name,
+                                                                     json.loads(whole.function.arguments))

@@ -168,6 +168,6 @@ def check_structured_outputs(so: StructuredOutputsParams) -> None:
             raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(schema).__name__}.")
     if so.choice is not None and any(c == "" for c in so.choice):
         raise ValueError("structured_outputs.choice entries must be non-empty strings.")
-    for name in ("regex", "grammar"):
+    for name in ("regex", "grammar", "structural_tag"):
         if "\x00" in (getattr(so, name) or ""):
             raise ValueError(f"structured_outputs.{name} must not contain a NUL character.")

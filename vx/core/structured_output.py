@@ -60,7 +60,7 @@ def grammar_key(params: StructuredOutputsParams) -> GrammarKey:
         return kind, choice_grammar(params.choice or [])
     if kind == "json_object":
         return kind, ""
-    spec = params.regex if kind == "regex" else params.grammar
+    spec = {"regex": params.regex, "structural_tag": params.structural_tag}.get(kind, params.grammar)
     return kind, spec or ""
 
 
@@ -266,6 +266,8 @@ class StructuredOutputManager:
                 compiled = compiler.compile_json_schema('{"type": "object"}', any_whitespace=_ANY_WHITESPACE)
             elif kind == "regex":
                 compiled = compiler.compile_regex(spec)
+            elif kind == "structural_tag":
+                compiled = compiler.compile_structural_tag(spec)
             else:
                 compiled = compiler.compile_grammar(spec)  # "grammar" and "choice" (EBNF)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError for any bad spec

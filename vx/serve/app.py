@@ -30,6 +30,7 @@ from vx.serve.openapi import openapi_document
 from vx.serve.options import ServerOptions
 from vx.serve.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
                                EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList)
+from vx.serve.request_id import RequestIdMiddleware
 from vx.serve.state import ServerState
 from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
@@ -92,6 +93,7 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
     app.include_router(_v1_router(state))
     _add_open_routes(app, state)
     app.add_middleware(RequestGuard, state=state)
+    app.add_middleware(RequestIdMiddleware)  # outermost: the guard's own errors carry the id too
     document = openapi_document(app, title="vx", version=vx.__version__, api_key_required=state.api_key is not None)
     app.openapi = lambda: document  # type: ignore[method-assign]
     return app

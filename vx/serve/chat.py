@@ -1,33 +1,38 @@
 """`POST /v1/chat/completions`: chat through the model's template, with tool calls and JSON output.
 
 `tool_choice` decides how a reply is read: "none" (plain content), "auto" (content, unless the model wrote
-tool calls, which are parsed out), "required" or a named function (the output is constrained to a call, see
-tool_parser.py). Streaming sends content as it comes and each choice's tool calls as one delta at its end.
+tool calls, which are parsed out; constrained by tool_grammar.py when a response_format or a strict tool asks),
+"required" or a named function (the output is constrained to a call, see tool_parser.py). With a reasoning
+parser, a think block is read out first (reasoning.py). Streaming sends reasoning and content as they come, a
+forced call's arguments as they are written, and the calls of an "auto" reply as one delta at its end.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from starlette.responses import Response
 from starlette.types import Receive
 
 from vx.client.chat import chat_sampling_params
 from vx.outputs import CompletionOutput, RequestOutput
-from vx.sampling_params import MAX_LOGPROBS
+from vx.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from vx.serve.chat_prompt import chat_prompt_ids
 from vx.serve.errors import bad_request
 from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import chat_logprobs
-from vx.serve.params import sampling_params, structured_outputs
+from vx.serve.params import check_context_length, check_request_shape, output_constraint, sampling_params
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
+from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled, starts_inside
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
-from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_tool_calls, forced_tool_schema,
-                                  parse_tool_calls)
+from vx.serve.tool_grammar import auto_tool_constraint
+from vx.serve.tool_parser import (ParsedToolCall, ToolCallStreamBuffer, forced_call_texts, forced_tool_calls,
+                                  forced_tool_schema, new_call_id, parse_tool_calls)
 from vx.serve.validation import check_json_schema, check_json_text
 
 ENDPOINT = "/v1/chat/completions"
@@ -44,6 +49,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
 
 
 def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
+    if req.tools is not None and not req.tools:  # OpenAI's words: an empty list is not "no tools"
+        raise bad_request("[] is too short - 'tools'", "tools")
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
     if choice != "none" and not req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
         raise bad_request("tool_choice needs tools: none were given.", "tool_choice")
@@ -51,6 +58,29 @@ def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
         raise bad_request(f"tool_choice names the function {choice.function.name!r}, which is not among the tools.",
                           "tool_choice")
     return choice
+
+
+def _tools_constraint(req: ChatCompletionRequest,
+                      tool_choice: str | NamedToolChoice) -> tuple[StructuredOutputsParams | None, str]:
+    """The constraint the tools put on the reply, and the field to name if the engine refuses it: a forced call's
+    schema ("required", a named function), or for "auto" the union of content (fitting `response_format`) and
+    calls (fitting the parameters of `strict` tools), unless the request brings a constraint of its own."""
+    tools = req.tools or []
+    parallel = req.parallel_tool_calls is not False
+    if isinstance(tool_choice, NamedToolChoice):
+        index = [t.function.name for t in tools].index(tool_choice.function.name)
+        return forced_tool_schema(tools, tool_choice, parallel), f"tools.{index}.function.parameters"
+    if tool_choice == "required" and tools:
+        return forced_tool_schema(tools, tool_choice, parallel), "tools.0.function.parameters" if len(tools) == 1 \
+            else "tools"
+    explicit = req.structured_outputs is not None or any(
+        v is not None for v in (req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar))
+    if tool_choice != "auto" or not tools or explicit:
+        return None, "tools"
+    union = auto_tool_constraint(tools, req.response_format, parallel)
+    strict = any(t.function.strict for t in tools)
+    has_format = req.response_format is not None and req.response_format.type != "text"
+    return union, "response_format" if has_format and not strict else "tools"
 
 
 def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
@@ -71,12 +101,14 @@ def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
 
 async def _create(state: ServerState, req: ChatCompletionRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
+    check_request_shape(req)
     tool_choice = _tool_choice(req)
     _check_json_fields(req, state.options.max_json_depth)
-    forced = req.tools and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
-    structured = structured_outputs(req, req.response_format,
-                                    forced_tool_schema(req.tools, tool_choice, req.parallel_tool_calls is not False)
-                                    if forced else None, max_json_depth=state.options.max_json_depth)
+    tools_constraint, tools_param = _tools_constraint(req, tool_choice)
+    auto_union = tools_constraint is not None and tool_choice == "auto"  # holds the response format too
+    constraint = output_constraint(req, None if auto_union else req.response_format, tools_constraint, tools_param,
+                                   max_json_depth=state.options.max_json_depth)
+    constraint_param, structured = constraint if constraint is not None else (None, None)
     if req.top_logprobs is not None:
         if not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true.", "top_logprobs")
@@ -91,14 +123,18 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
                                        tools=req.tools if tool_choice != "none" else None,
                                        chat_template=chat_template, trusted=not req.chat_template,
                                        add_generation_prompt=req.add_generation_prompt,
-                                       max_model_len=state.max_model_len, tokenize_limiter=state.tokenize_limiter)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+                                       max_model_len=state.max_model_len, tokenize_limiter=state.tokenize_limiter,
+                                       template_kwargs=req.chat_template_kwargs)
+    max_tokens, max_param = ((req.max_completion_tokens, "max_completion_tokens")
+                             if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
+    check_context_length(len(prompt_ids), max_tokens, state.max_model_len, param=max_param, prompt_name="messages")
     params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
                              structured=structured)
     params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
     rid, created = new_id("chatcmpl"), int(time.time())
-    job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start)[0]
-    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n)
+    job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start, constraint_param)[0]
+    reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n,
+                          _reasoning(state, req, tool_choice, prompt_ids, structured))
 
     if not req.stream:
         try:
@@ -140,7 +176,7 @@ class _ReplyReader:
     """Turns a choice's generated text into OpenAI's message: content, tool calls, logprobs, finish reason."""
 
     def __init__(self, req: ChatCompletionRequest, tool_choice: str | NamedToolChoice, tokenizer: Any,
-                 top_n: int) -> None:
+                 top_n: int, reasoning: Callable[[], ReasoningSplitter] | None = None) -> None:
         self.req = req
         self.tool_choice = tool_choice
         self.forced = req.tools is not None and (tool_choice == "required" or isinstance(tool_choice, NamedToolChoice))
@@ -148,11 +184,14 @@ class _ReplyReader:
         self.tokenizer = tokenizer
         self.top_n = top_n
         self.buffers: dict[int, ToolCallStreamBuffer] = {}  # "auto" streaming: per choice
+        self.opened: set[int] = set()  # choices whose role went out
+        self.reasoning = reasoning  # a new splitter per choice, when the reply is read for a think block
+        self.splitters: dict[int, ReasoningSplitter] = {}  # streaming: per choice
+        self.streamed: dict[int, list[list[Any]]] = {}  # forced streaming: per choice, [id, arguments sent] a call
 
     def _calls(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        if self.forced:
-            calls = forced_tool_calls(text, self.tool_choice)
-            return (None, calls) if calls else (text, [])
+        if self.forced:  # the whole reply is the call, complete or cut short: never content
+            return None, forced_tool_calls(text, self.tool_choice, list(self.tool_names))
         if self.tool_choice == "auto":
             return parse_tool_calls(text, self.tool_names)
         return text, []
@@ -166,49 +205,112 @@ class _ReplyReader:
         return ChatLogprobs(content=chat_logprobs(self.tokenizer, token_ids, positions, self.top_n))
 
     def final_choice(self, c: Choice) -> ChatChoice:
-        content, calls = self._calls(c.text)
+        reasoning, text = self.reasoning().split(c.text) if self.reasoning is not None else (None, c.text)
+        content, calls = self._calls(text) if text is not None else (None, [])
         calls = self._limit(calls)
         tool_calls = [ToolCall(id=k.id, function=FunctionCall(name=k.name, arguments=k.arguments)) for k in calls]
-        return ChatChoice(index=c.index, message=ChatMessage(content=content, tool_calls=tool_calls),
+        return ChatChoice(index=c.index, message=ChatMessage(content=content, reasoning_content=reasoning,
+                                                             tool_calls=tool_calls or None),
                           logprobs=self._logprobs(c.token_ids, c.logprobs),
-                          finish_reason="tool_calls" if calls else c.finish_reason, stop_reason=c.stop_reason)
+                          finish_reason=_finish_reason(bool(calls), c.finish_reason), stop_reason=c.stop_reason)
 
     def delta_choices(self, acc: Choice, delta: CompletionOutput) -> list[ChatStreamChoice]:
         """The chunks for one delta of one choice (`acc` already holds it): the role first, then content,
-        and at the end the tool calls and the finish reason."""
+        and at the end the tool calls and the finish reason. With tools, the role waits for the first content
+        or call, so that a reply that is a call opens with `content: null`, as OpenAI's does."""
         out = []
         if acc.index not in self.buffers:
             self.buffers[acc.index] = ToolCallStreamBuffer(self.tool_names)
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(role="assistant", content="")))
+            if self.tool_choice == "none":
+                out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(role="assistant", content="")))
+                self.opened.add(acc.index)
         buffer = self.buffers[acc.index]
+        thought, text = self._think(acc.index, delta)
+        forced_calls = self._forced_deltas(acc, delta.finish_reason is not None) if self.forced else []
         if self.forced:
-            text = ""  # the whole reply is the call: nothing to show before it is complete
+            text = ""  # the whole reply is the call: it streams as the call's arguments
         elif self.tool_choice == "auto":
-            text = buffer.feed(delta.text)
-        else:
-            text = delta.text
+            text = buffer.feed(text)
         calls: list[ParsedToolCall] = []
-        if delta.finish_reason is not None:
-            if self.forced:
-                rest, calls = self._calls(acc.text)
-                text += rest or ""
-            elif self.tool_choice == "auto":
-                rest, calls = buffer.finish()
-                text += rest
-            calls = self._limit(calls)
+        if delta.finish_reason is not None and self.tool_choice == "auto":
+            rest, calls = buffer.finish()
+            text, calls = text + rest, self._limit(calls)
         logprobs = self._logprobs(delta.token_ids, delta.logprobs) if delta.token_ids else None
+        if thought:
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
+                reasoning_content=thought))))
         if text or logprobs is not None:
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(content=text), logprobs=logprobs))
-        if calls:
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(tool_calls=[
-                DeltaToolCall(index=i, id=k.id, type="function",
-                              function=DeltaFunctionCall(name=k.name, arguments=k.arguments))
-                for i, k in enumerate(calls)])))
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
+                content=None if self.forced else text)),  # (a forced reply's logprobs come with no content)
+                                        logprobs=logprobs))
+        tool_deltas = forced_calls or [DeltaToolCall(index=i, id=k.id, type="function", function=DeltaFunctionCall(
+            name=k.name, arguments=k.arguments)) for i, k in enumerate(calls)]
+        if tool_deltas:
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage(
+                tool_calls=tool_deltas))))
         if delta.finish_reason is not None:
-            out.append(ChatStreamChoice(index=acc.index, delta=DeltaMessage(),
-                                        finish_reason="tool_calls" if calls else delta.finish_reason,
+            made_calls = bool(calls or self.streamed.get(acc.index))
+            out.append(ChatStreamChoice(index=acc.index, delta=self._open(acc.index, DeltaMessage()),
+                                        finish_reason=_finish_reason(made_calls, delta.finish_reason),
                                         stop_reason=delta.stop_reason))
         return out
+
+    def _forced_deltas(self, acc: Choice, finished: bool) -> list[DeltaToolCall]:
+        """A forced call streams as OpenAI's do: a call's id and name once its name is complete, then its
+        arguments text as it is written (the name of a call cut short goes out at the end)."""
+        texts = forced_call_texts(acc.text, self.tool_choice, sorted(self.tool_names))
+        sent = self.streamed.setdefault(acc.index, [])  # per call: its id and how much of its arguments went out
+        out = []
+        for i, call in enumerate(texts[:1] if self.req.parallel_tool_calls is False else texts):
+            piece = call.arguments[sent[i][1]:] if i < len(sent) else call.arguments
+            if i == len(sent):
+                if not (call.name_complete or finished):
+                    break
+                sent.append([new_call_id(), 0])
+                out.append(DeltaToolCall(index=i, id=sent[i][0], type="function",
+                                         function=DeltaFunctionCall(name=call.name, arguments=piece)))
+            elif piece:
+                out.append(DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=piece)))
+            sent[i][1] = max(sent[i][1], len(call.arguments))
+        return out
+
+    def _think(self, index: int, delta: CompletionOutput) -> tuple[str, str]:
+        """The (reasoning, content) of one delta; all content when the reply is not read for a think block."""
+        if self.reasoning is None:
+            return "", delta.text
+        splitter = self.splitters.setdefault(index, self.reasoning())
+        thought, text = splitter.feed(delta.text)
+        if delta.finish_reason is not None:
+            more_thought, more_text = splitter.finish()
+            thought, text = thought + more_thought, text + more_text
+        return thought, text
+
+    def _open(self, index: int, delta: DeltaMessage) -> DeltaMessage:
+        """`delta`, carrying the role if it is the choice's first."""
+        if index not in self.opened:
+            self.opened.add(index)
+            delta.role = "assistant"
+        return delta
+
+
+def _reasoning(state: ServerState, req: ChatCompletionRequest, tool_choice: str | NamedToolChoice,
+               prompt_ids: list[int], structured: StructuredOutputsParams | None
+               ) -> Callable[[], ReasoningSplitter] | None:
+    """The splitter factory for this request's replies, if they are read for a think block: a reasoning parser is
+    set, the request did not turn thinking off, and the reply is not a forced call (constrained from its start).
+    JSON and choice constraints hold the reply from its first token; a regex or grammar may write the block."""
+    parser = state.options.reasoning_parser
+    if parser is None or not reasoning_enabled(parser, req.chat_template_kwargs) or \
+            tool_choice == "required" or isinstance(tool_choice, NamedToolChoice):
+        return None
+    opened = state.tokenizer.decode(prompt_ids[-8:]).rstrip().endswith(THINK_OPEN)  # the template opened it
+    constrained = structured is not None and structured.kind not in ("regex", "grammar")
+    return partial(ReasoningSplitter, starts_inside(parser, opened, constrained))
+
+
+def _finish_reason(made_calls: bool, finish_reason: str | None) -> str | None:
+    """"tool_calls" for a reply that made calls, unless max_tokens cut it ("length", as OpenAI says then)."""
+    return "tool_calls" if made_calls and finish_reason != "length" else finish_reason
 
 
 def _usage(job: EngineJob) -> UsageInfo:

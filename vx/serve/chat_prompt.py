@@ -39,6 +39,10 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
+# Template variables a request sets through its own fields, never through chat_template_kwargs.
+_RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
 @dataclass
 class ChatRender:
     """What the renderer gets: the resolved template, the normalized messages, the tools the template sees."""
@@ -71,18 +75,25 @@ def prepare_chat(tokenizer: Any, messages: list[dict[str, Any]], *, tools: list[
 async def chat_prompt_ids(sandbox: TemplateSandbox, tokenizer: Any, messages: list[dict[str, Any]], *,
                           tools: list[ToolDefinition] | None, chat_template: str | None, trusted: bool = True,
                           add_generation_prompt: bool = True, max_model_len: int | None = None,
-                          tokenize_limiter: anyio.CapacityLimiter | None = None) -> list[int]:
+                          tokenize_limiter: anyio.CapacityLimiter | None = None,
+                          template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Render (in `sandbox`) and tokenize (in a worker thread) the conversation.
 
-    `chat_template` overrides the tokenizer's; `trusted` is False when the request brought it. A 400 for messages
+    `chat_template` overrides the tokenizer's; `trusted` is False when the request brought it; `template_kwargs`
+    (the request's `chat_template_kwargs`) are extra template variables, as transformers passes them. A 400 for messages
     or a template that cannot be rendered, that hits one of the sandbox's limits, or whose prompt is too long for
     `max_model_len`; a 503 with no renderer.
     """
     chat = prepare_chat(tokenizer, messages, tools=tools, chat_template=chat_template)
+    reserved = sorted(_RESERVED_VARIABLES.intersection(template_kwargs or {}))
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own fields do.",
+                          "chat_template_kwargs")
     try:
         text = await sandbox.render(chat.template, chat.messages, tools=chat.tools,
                                     add_generation_prompt=add_generation_prompt,
-                                    variables=tokenizer.special_tokens_map, trusted=trusted)
+                                    variables={**tokenizer.special_tokens_map, **(template_kwargs or {})},
+                                    trusted=trusted)
     except TemplateRenderError as e:
         raise bad_request(str(e), "messages" if trusted else "chat_template") from None
     except RendererUnavailable as e:

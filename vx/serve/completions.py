@@ -13,7 +13,7 @@ from vx.outputs import RequestOutput
 from vx.serve.errors import bad_request
 from vx.serve.generation import EngineJob, make_jobs, now, run_jobs
 from vx.serve.logprobs import append_completion_logprobs
-from vx.serve.params import sampling_params, structured_outputs
+from vx.serve.params import check_context_length, check_request_shape, output_constraint, sampling_params
 from vx.serve.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                UsageInfo)
 from vx.serve.state import ServerState, new_id
@@ -35,17 +35,21 @@ async def create_completion(state: ServerState, req: CompletionRequest, receive:
 
 async def _create(state: ServerState, req: CompletionRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
+    check_request_shape(req)
     if req.suffix:
         raise bad_request("suffix is not supported.", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported (only best_of == n).", "best_of")
     texts, prompts = await in_thread(partial(tokenize_prompts, req.prompt, state.tokenizer, state.max_model_len),
                                      state.tokenize_limiter)
-    structured = structured_outputs(req, req.response_format, None, max_json_depth=state.options.max_json_depth)
+    check_context_length(max(len(p) for p in prompts), req.max_tokens, state.max_model_len, param="max_tokens",
+                         prompt_name="prompt")
+    constraint = output_constraint(req, req.response_format, None, max_json_depth=state.options.max_json_depth)
+    constraint_param, structured = constraint if constraint is not None else (None, None)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, structured=structured,
                              prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None)
     rid, created = new_id("cmpl"), int(time.time())
-    jobs = make_jobs(prompts, params, rid, state.metrics, ENDPOINT, start)
+    jobs = make_jobs(prompts, params, rid, state.metrics, ENDPOINT, start, constraint_param)
     view = _View(state.tokenizer, req, texts, jobs)
 
     if not req.stream:

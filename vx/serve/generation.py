@@ -7,6 +7,7 @@ runs them concurrently, as one engine request each.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class EngineJob:
     choices: list[Choice] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     finished: bool = False
+    constraint_param: str | None = None  # the request field the output constraint came from, for its errors
 
     def __post_init__(self) -> None:
         self.choices = [Choice(self.first_index + i) for i in range(self.params.n)]
@@ -90,6 +92,9 @@ class EngineJob:
                 if on_delta is not None:
                     await on_delta(self, out)
         except (ValueError, EngineDeadError, EngineGenerateError) as e:
+            # An output constraint the engine refused is named by the request field it came from.
+            if isinstance(e, InvalidRequestError) and (refused := constraint_error(str(e), self.constraint_param)):
+                raise refused from None
             raise engine_api_error(e, self.request_id, accepted=not first) from None
         except anyio.get_cancelled_exc_class():  # the client went away: the request was aborted
             if not self.finished:
@@ -126,12 +131,30 @@ def engine_api_error(e: ValueError | EngineDeadError | EngineGenerateError, requ
 
 
 def make_jobs(prompts: Sequence[list[int]], params: SamplingParams, base_id: str, metrics: ServerMetrics,
-              endpoint: str, start: float) -> list[EngineJob]:
-    """One job per prompt; choice indices run prompt by prompt (prompt i has i*n .. i*n + n - 1)."""
+              endpoint: str, start: float, constraint_param: str | None = None) -> list[EngineJob]:
+    """One job per prompt; choice indices run prompt by prompt (prompt i has i*n .. i*n + n - 1).
+    `constraint_param` names the field the output constraint came from, for the engine's refusals of it."""
     n = params.n
     return [EngineJob(request_id=base_id if len(prompts) == 1 else f"{base_id}-{i}", prompt_ids=ids,
-                      params=params, first_index=i * n, timer=RequestTimer(metrics, endpoint, start))
+                      params=params, first_index=i * n, timer=RequestTimer(metrics, endpoint, start),
+                      constraint_param=constraint_param)
             for i, ids in enumerate(prompts)]
+
+
+# The engine's words for a constraint it cannot compile (vx/core/structured_output.py).
+_ENGINE_CONSTRAINT = re.compile(r"structured_outputs\.(\w+) (.*)", re.DOTALL)
+_CONSTRAINT_WORDS = {"json": "the JSON schema", "regex": "the regex", "grammar": "the grammar",
+                     "choice": "the choices", "json_object": "the JSON object constraint",
+                     "structural_tag": "the constraint"}
+
+
+def constraint_error(message: str, param: str | None) -> APIError | None:
+    """The engine's refusal of an output constraint as a 400 naming the request field it came from (`param`,
+    e.g. `tools.0.function.parameters`), not the engine's internal name for it; None for other refusals."""
+    found = _ENGINE_CONSTRAINT.search(message)
+    if found is None or param is None:
+        return None
+    return bad_request(f"{param}: {_CONSTRAINT_WORDS.get(found.group(1), 'the constraint')} {found.group(2)}", param)
 
 
 async def run_jobs(llm: Any, jobs: list[EngineJob], on_delta: OnDelta | None = None) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from vx.serve.reasoning import REASONING_PARSERS
+
 MiB = 1024 * 1024
 
 
@@ -33,11 +35,18 @@ class ServerOptions:
     shutdown_grace_period: float = field(default=20.0, metadata={"help": (
         "on SIGTERM or SIGINT, seconds running requests may take to finish before each open stream is ended "
         "with an error event and [DONE]")})
+    reasoning_parser: str | None = field(default=None, metadata={"choices": REASONING_PARSERS, "help": (
+        "read a thinking model's <think>...</think> block into message.reasoning_content (delta.reasoning_content "
+        "when streaming) instead of content: deepseek_r1 (the reply starts inside the block) or qwen3 (a block "
+        "that opens the reply, or that the prompt opened); see docs/serve.md")})
     keep_alive_on_engine_death: bool = field(default=False, metadata={"help": (
         "keep serving (503 on every generation request) after the engine dies, instead of draining and exiting "
         "with code 1 so that a supervisor restarts the server")})
 
     def __post_init__(self) -> None:
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got "
+                             f"{self.reasoning_parser!r}.")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -41,13 +41,41 @@ def sampling_params(req: SamplingFields, *, max_tokens: int | None, logprobs: in
         raise bad_request(str(e), _param_named_in(str(e), kwargs)) from None
 
 
+def check_request_shape(req: SamplingFields) -> None:
+    """A 400 for fields that only make sense together: `stream_options` needs `stream: true` (as OpenAI says)."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int | None, *,
+                         param: str, prompt_name: str) -> None:
+    """A 400, in vLLM's words, when the prompt plus `max_tokens` (the request's `param`) do not fit the model's
+    context: the engine would otherwise run until the context is full, far short of what was asked."""
+    if max_tokens is None or max_model_len is None or num_prompt_tokens + max_tokens <= max_model_len:
+        return
+    raise bad_request(f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                      f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the {prompt_name}, "
+                      f"{max_tokens} in the completion). Please reduce the length of the {prompt_name} or "
+                      "completion.", param)
+
+
 def structured_outputs(req: SamplingFields, response_format: ResponseFormat | None,
                        forced: StructuredOutputsParams | None = None, forced_by: str = "tool_choice", *,
                        max_json_depth: int = ServerOptions.max_json_depth) -> StructuredOutputsParams | None:
-    """The one output constraint the request asks for: `response_format`, `structured_outputs` (vLLM's
-    extra), vLLM's older `guided_*` fields, or `forced` (a tool choice's schema). Two at once is a 400, and so
-    is a JSON schema that is invalid, has a `$ref` that resolves nowhere, or (given as text) nests deeper than
-    `max_json_depth`. Regexes and grammars are compiled by the engine, which refuses a bad one."""
+    """The one output constraint the request asks for (see `output_constraint`), without the field it came from."""
+    found = output_constraint(req, response_format, forced, forced_by, max_json_depth=max_json_depth)
+    return found[1] if found is not None else None
+
+
+def output_constraint(req: SamplingFields, response_format: ResponseFormat | None,
+                      forced: StructuredOutputsParams | None = None, forced_by: str = "tool_choice", *,
+                      max_json_depth: int = ServerOptions.max_json_depth
+                      ) -> tuple[str, StructuredOutputsParams] | None:
+    """The one output constraint the request asks for, and the field that asked: `response_format`,
+    `structured_outputs` (vLLM's extra), vLLM's older `guided_*` fields, or `forced` (a tool choice's schema, from
+    `forced_by`). Two at once is a 400, and so is a JSON schema that is invalid, has a `$ref` that resolves
+    nowhere, or (given as text) nests deeper than `max_json_depth`. Regexes and grammars are compiled by the
+    engine before the request is scheduled; `constraint_error` names the field when it refuses one."""
     found: list[tuple[str, StructuredOutputsParams]] = []
     if forced is not None:
         found.append((forced_by, forced))
@@ -63,7 +91,7 @@ def structured_outputs(req: SamplingFields, response_format: ResponseFormat | No
     if len(found) > 1:
         raise bad_request(f"Only one output constraint may be given; got {' and '.join(n for n, _ in found)}.",
                           found[1][0])
-    return found[0][1] if found else None
+    return found[0] if found else None
 
 
 def _from_response_format(fmt: ResponseFormat, max_json_depth: int) -> StructuredOutputsParams:

@@ -70,6 +70,7 @@ class FunctionDefinition(_Request):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the arguments of a call must fit `parameters` (enforced by the output constraint)
 
 
 class ToolDefinition(_Request):
@@ -164,6 +165,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     # vLLM's extras
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template, e.g. enable_thinking
     add_generation_prompt: bool = True
 
 
@@ -261,7 +263,8 @@ class ToolCall(_Response):
 class ChatMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning_content: str | None = None  # a thinking model's think block (with --reasoning-parser)
+    tool_calls: list[ToolCall] | None = None  # absent when there are none: clients echo `[]` back, OpenAI refuses it
 
 
 class ChatChoice(_Response):
@@ -297,6 +300,7 @@ class DeltaToolCall(_Response):
 class DeltaMessage(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
