@@ -24,10 +24,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vx.serve.chat import ENDPOINT as CHAT_ENDPOINT
 from vx.serve.completions import ENDPOINT as COMPLETIONS_ENDPOINT
 from vx.serve.errors import APIError
+from vx.serve.responses import ENDPOINT as RESPONSES_ENDPOINT
 from vx.serve.state import ServerState
 from vx.serve.validation import check_json_text
 
-GENERATION_PATHS = frozenset({COMPLETIONS_ENDPOINT, CHAT_ENDPOINT})
+GENERATION_PATHS = frozenset({COMPLETIONS_ENDPOINT, CHAT_ENDPOINT, RESPONSES_ENDPOINT})
 RETRY_AFTER_S = 1  # what a 429 asks the client to wait, in seconds
 _FINISH_TIMEOUT_S = 2.0  # the last events to a client that reads nothing must not hold up the shutdown
 _THREAD_CHECK_BYTES = 64 * 1024  # larger bodies are checked in a worker thread, so other streams keep flowing
