@@ -94,10 +94,12 @@ def test_text_format_json_schema(client):
     (dict(input=[{"type": "input_image", "image_url": "x"}]), "input.0.type"),
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input.0.content"),
     (dict(tools=[TOOL], tool_choice={"type": "function", "name": "nope"}), "tool_choice"),
-    (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}), "response_format"),
+    (dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}), "text.format"),
+    (dict(tools=[{**TOOL, "parameters": {"type": "nope"}}]), "tools.0.parameters"),
 ])
-def test_what_vx_cannot_do_is_a_400(client, kwargs, param):
+@pytest.mark.parametrize("stream", [False, True])
+def test_what_vx_cannot_do_is_a_400(client, kwargs, param, stream):
     kwargs = {"input": "Hi", **kwargs}
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model=MODEL, max_output_tokens=4, **kwargs)
+        client.responses.create(model=MODEL, max_output_tokens=4, stream=stream, **kwargs)
     assert err.value.body["param"] == param

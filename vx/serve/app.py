@@ -30,7 +30,7 @@ from vx.serve.options import ServerOptions
 from vx.serve.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
                                ModelCard, ModelList)
 from vx.serve.responses import create_response
-from vx.serve.responses_protocol import ResponsesRequest
+from vx.serve.responses_protocol import ResponseObject, ResponsesRequest
 from vx.serve.state import ServerState
 from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
@@ -127,7 +127,7 @@ def _v1_router(state: ServerState) -> APIRouter:
         request.state.vx_counted = True
         return await create_chat_completion(state, body, request.receive)
 
-    @router.post("/responses")
+    @router.post("/responses", response_model=ResponseObject)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         request.state.vx_counted = True
         return await create_response(state, body, request.receive)

@@ -11,9 +11,10 @@ with a `sequence_number`). Nothing is stored: `store` is accepted and `previous_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import pydantic
 from starlette.responses import Response
@@ -41,7 +42,8 @@ async def create_response(state: ServerState, req: ResponsesRequest, receive: Re
         raise
     model = state.model_name(req.model)
     response_id = "resp_" + uuid.uuid4().hex
-    answer = await create_chat_completion(state, chat, receive)
+    with _responses_params():
+        answer = await create_chat_completion(state, chat, receive)
     if not req.stream:
         if answer.status_code != 200:
             return answer
@@ -49,6 +51,25 @@ async def create_response(state: ServerState, req: ResponsesRequest, receive: Re
                         media_type="application/json")
     assert isinstance(answer, EventStreamResponse)
     return EventStreamResponse(lambda emit: _ResponseStream(req, response_id, model, emit).run(answer))
+
+
+@contextlib.contextmanager
+def _responses_params() -> Iterator[None]:
+    """An error the chat path raises names the field as the client sent it (`text.format`, not
+    `response_format`)."""
+    try:
+        yield
+    except APIError as e:
+        param = e.param or ""
+        if param == "response_format":
+            e.param = "text.format"
+        elif param == "max_completion_tokens":
+            e.param = "max_output_tokens"
+        elif param.startswith("messages"):
+            e.param = "input"  # instructions shift the messages, so no index would be right
+        elif param.startswith("tools.") and param.endswith(".function.parameters"):
+            e.param = param.replace(".function.parameters", ".parameters")
+        raise
 
 
 # ----------------------------------------------------------------------------------------- request -> chat
@@ -85,15 +106,16 @@ def _add_item(messages: list[dict[str, Any]], i: int, item: dict[str, Any]) -> N
     """Append input item `i` as chat messages: consecutive function calls join one assistant message."""
     kind = item.get("type", "message")
     if kind == "message":
-        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        role = _ROLES.get(item["role"]) if isinstance(item.get("role"), str) else None
         if role is None:
             raise bad_request(f"input[{i}].role must be one of {', '.join(_ROLES)}.", f"input.{i}.role")
         messages.append({"role": role, "content": _text(item.get("content"), f"input.{i}.content")})
     elif kind == "function_call":
-        name, arguments = item.get("name"), item.get("arguments", "{}")
-        if not isinstance(name, str) or not isinstance(arguments, str):
-            raise bad_request(f"input[{i}]: a function_call needs a name and arguments (JSON text).", f"input.{i}")
-        call = {"id": item.get("call_id") or item.get("id") or "", "type": "function",
+        name, arguments, call_id = item.get("name"), item.get("arguments", "{}"), item.get("call_id", "")
+        if not all(isinstance(v, str) for v in (name, arguments, call_id)):
+            raise bad_request(f"input[{i}]: a function_call needs a name, arguments (JSON text) and a call_id.",
+                              f"input.{i}")
+        call = {"id": call_id, "type": "function",
                 "function": {"name": name, "arguments": arguments}}
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant" and (last.get("tool_calls") or not last["content"]):
@@ -101,7 +123,9 @@ def _add_item(messages: list[dict[str, Any]], i: int, item: dict[str, Any]) -> N
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind == "function_call_output":
-        messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
+        if not isinstance(item.get("call_id"), str):
+            raise bad_request(f"input[{i}]: a function_call_output needs the call_id of its call.", f"input.{i}")
+        messages.append({"role": "tool", "tool_call_id": item["call_id"],
                          "content": _text(item.get("output"), f"input.{i}.output")})
     elif kind == "reasoning":
         return  # a reasoning model's earlier thoughts: not shown to the model again, as chat templates do
@@ -177,11 +201,12 @@ class _ResponseStream:
         self.text: list[str] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.started = False
 
     async def run(self, chat: EventStreamResponse) -> None:
-        await self._event("response.created", response=response_object(self.req, self.id, self.model))
-        await self._event("response.in_progress", response=response_object(self.req, self.id, self.model))
-        await chat.produce(self._on_chunk)
+        with _responses_params():
+            await chat.produce(self._on_chunk)
+        await self._start()
         await self._close_message()
         incomplete = "max_output_tokens" if self.finish_reason == "length" else None
         await self._event("response.incomplete" if incomplete else "response.completed", response=response_object(
@@ -192,7 +217,16 @@ class _ResponseStream:
         await self.emit(json.dumps({"type": kind, "sequence_number": self.sequence, **fields}, ensure_ascii=False))
         self.sequence += 1
 
+    async def _start(self) -> None:
+        """The first events, sent with the chat stream's first chunk: an error found when the request is
+        submitted still gets its 4xx status, as the status line goes out with the first event."""
+        if not self.started:
+            self.started = True
+            await self._event("response.created", response=response_object(self.req, self.id, self.model))
+            await self._event("response.in_progress", response=response_object(self.req, self.id, self.model))
+
     async def _on_chunk(self, data: str) -> None:
+        await self._start()
         chunk = json.loads(data)
         if chunk.get("usage"):
             u = chunk["usage"]

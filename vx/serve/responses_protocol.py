@@ -40,6 +40,29 @@ class ResponsesRequest(BaseModel):
     ignore_eos: bool | None = None
 
 
+class ResponseObject(BaseModel):
+    """The JSON answer's main fields, for the OpenAPI document (the answer itself is `response_object`'s)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None
+
+
+class ResponseStreamEvent(BaseModel):
+    """One event of a streamed response, for the OpenAPI document: its type, its place, and its own fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    sequence_number: int
+
+
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     """An assistant message item holding one output_text part."""
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
