@@ -127,6 +127,8 @@ def async_transport(http: ModuleType, app: ASGIApp, on_close: Callable[[], Await
                     yield chunk
                 if not more:
                     return
+            # As a connection closed mid-body would be: the app returned without finishing its response.
+            raise http.ReadError("The in-process vx server ended its response before the end of its body.")
 
         async def aclose(self) -> None:
             self.exchange.close()
