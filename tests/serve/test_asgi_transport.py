@@ -5,7 +5,6 @@ httpx and httpx2 (what openai 1-2 and openai 3 are built on), on asyncio and tri
 
 from __future__ import annotations
 
-import importlib
 
 import anyio
 import pytest

@@ -78,3 +78,11 @@ async def test_an_engine_needs_starting_and_its_close_ends_the_clients_requests(
         with pytest.raises(openai.APIStatusError) as err:
             await client.chat.completions.create(max_tokens=2, **CHAT)
     assert err.value.status_code == 503 and err.value.body["code"] == "engine_dead"
+
+
+async def test_a_sync_client_made_in_a_worker_thread(llm):
+    def make_and_use() -> int:
+        client = vx.openai_client(llm, sync=True)  # finds the engine's loop from the anyio worker thread
+        return client.chat.completions.create(max_tokens=2, **CHAT).usage.completion_tokens
+
+    assert await anyio.to_thread.run_sync(make_and_use) == 2

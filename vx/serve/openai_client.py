@@ -67,7 +67,7 @@ def openai_client(llm: Any, *, sync: bool = False, served_model_names: list[str]
         owned = _EngineThread(llm)
         call: Call = owned.call
     else:
-        call = _call_on_engine_loop(llm)
+        call = _call_on_engine_loop()
     transport = sync_transport(http, inner, call, on_close=owned.close if owned is not None else None)
     client = openai.OpenAI(base_url=BASE_URL, http_client=openai.DefaultHttpxClient(transport=transport),
                            **client_kwargs)
@@ -89,18 +89,18 @@ def _http_module(openai: ModuleType) -> ModuleType:
     return importlib.import_module(base.__module__.split(".")[0])
 
 
-def _call_on_engine_loop(llm: Any) -> Call:
+def _call_on_engine_loop() -> Call:
     """`call(async_fn, *args)` running on the event loop of a started engine, from any other thread."""
     try:
         token = anyio.lowlevel.current_token()  # made on the engine's loop
         loop_thread = threading.get_ident()
     except RuntimeError:
         try:  # made in one of the loop's anyio worker threads
-            token = anyio.from_thread.run_sync(anyio.lowlevel.current_token)
+            token, loop_thread = anyio.from_thread.run_sync(lambda: (anyio.lowlevel.current_token(),
+                                                                     threading.get_ident()))
         except RuntimeError:
             raise RuntimeError("Make the sync client on the engine's event loop (or in one of its anyio worker "
                                "threads), then use it from other threads.") from None
-        loop_thread = llm._loop_thread
 
     def call(fn: Any, *args: Any) -> Any:
         if threading.get_ident() == loop_thread:
