@@ -4,7 +4,7 @@ ends it properly when the server stops.
 In order, for each HTTP request:
 1. the server is stopping: 503 (`code: "shutting_down"`);
 2. a `/v1/*` path without the API key: 401, before a byte of the body is read (a constant-time compare);
-3. a generation request (POST completions or chat) beyond `max_concurrent_requests`: 429 with `Retry-After`;
+3. a generation request (POST completions, chat or responses) beyond `max_concurrent_requests`: 429 with `Retry-After`;
 4. a `Content-Length` over `max_body_bytes`: 413 before the body is read;
 5. the body is read with a running count, 413 as soon as it passes the limit (chunked bodies too, so memory
    never holds more than the limit), and within `body_timeout` seconds, 408 after that;

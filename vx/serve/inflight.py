@@ -28,7 +28,7 @@ class InFlight:
 
     @property
     def generating(self) -> int:
-        """Generation requests (completions, chat) now running: what the concurrency limit counts."""
+        """Generation requests (completions, chat, responses) now running: what the concurrency limit counts."""
         return sum(self._scopes.values())
 
     @contextlib.contextmanager
