@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.vx-installed
 
-.PHONY: demo test test-fast bench setup clean
+.PHONY: demo test test-fast bench examples setup clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,12 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/vx bench
+
+# The agent-framework examples (examples/integrations/) on an embedded vx; CI runs only the openai and
+# langchain-openai ones, these frameworks are installed here alone.
+examples: setup
+	$(PY) -m pip install -q langgraph openai-agents 'pydantic-ai-slim[openai]' instructor smolagents
+	VX_EXAMPLES=1 $(PY) -m pytest -q -ra tests/examples/test_examples.py -k integration
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

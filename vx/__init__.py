@@ -29,6 +29,7 @@ _EXPORTS = {
     "RequestOutputKind": "vx.sampling_params",
     "SamplingParams": "vx.sampling_params",
     "StructuredOutputsParams": "vx.sampling_params",
+    "openai_client": "vx.serve.openai_client",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -42,7 +42,7 @@ def _bounded(body: Any) -> Any:
     body = dict(body)
     if isinstance(body.get("model"), str) and len(body["model"]) % 4:
         body["model"] = "tiny"  # most requests name the served model; a quarter keep theirs (404s)
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(name)
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 8):
             body[name] = 8
@@ -60,7 +60,8 @@ def _bounded(body: Any) -> Any:
 
 
 OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", "/v1/completions"),
-              ("POST", "/v1/chat/completions"), ("POST", "/v1/embeddings"), ("GET", "/health"), ("GET", "/metrics")]
+              ("POST", "/v1/chat/completions"), ("POST", "/v1/responses"), ("POST", "/v1/embeddings"),
+              ("GET", "/health"), ("GET", "/metrics")]
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import importlib
 import logging
 import threading
 import uuid
@@ -213,6 +214,13 @@ class AsyncLLM:
         streams = self._add_requests([PromptRequest(rid, p, params, priority=priority) for rid, p in zip(ids, prompts)])
         outputs = await self._final_outputs(streams)
         return outputs[0] if single else outputs
+
+    def openai_client(self, *, sync: bool = False, **options: Any) -> Any:
+        """An `openai.AsyncOpenAI` (`sync=True`: `openai.OpenAI`) served by this engine in this process, with no
+        port: `vx.openai_client(self, ...)`, where the lifecycle and the options are described."""
+        # vx/serve builds on vx/client, so importing it here would be a cycle: the server app is looked up when
+        # the client is asked for (as a plugin would be), never when vx/client loads.
+        return importlib.import_module("vx.serve.openai_client").openai_client(self, sync=sync, **options)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: the engine frees it, and its stream ends with a final output (finish_reason 'abort')."""

@@ -1,6 +1,6 @@
 """The OpenAI-compatible app: `build_app(llm, ...)` returns a FastAPI app serving one `vx.AsyncLLM`.
 
-Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings` (behind the API key, if one is
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, `/v1/embeddings` (behind the API key, if one is
 set), and `/health`, `/metrics`, `/openapi.json` (open, for probes, scrapers and clients). The request guard
 (guard.py) admits each request before any route runs; the app's lifespan starts the engine and stops it.
 This module runs in the application's process: it never imports torch (the model lives in the engine process).
@@ -31,6 +31,8 @@ from vx.serve.options import ServerOptions
 from vx.serve.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse,
                                EmbeddingRequest, EmbeddingResponse, ModelCard, ModelList)
 from vx.serve.request_id import RequestIdMiddleware
+from vx.serve.responses import create_response
+from vx.serve.responses_protocol import ResponseObject, ResponsesRequest
 from vx.serve.state import ServerState
 from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
@@ -132,6 +134,11 @@ def _v1_router(state: ServerState) -> APIRouter:
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         request.state.vx_counted = True
         return await create_embeddings(state, body, request.receive)
+
+    @router.post("/responses", response_model=ResponseObject)
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        request.state.vx_counted = True
+        return await create_response(state, body, request.receive)
 
     return router
 

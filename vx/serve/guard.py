@@ -4,7 +4,7 @@ ends it properly when the server stops.
 In order, for each HTTP request:
 1. the server is stopping: 503 (`code: "shutting_down"`);
 2. a `/v1/*` path without the API key: 401, before a byte of the body is read (a constant-time compare);
-3. a generation request (POST completions, chat or embeddings) beyond `max_concurrent_requests`: 429 with `Retry-After`;
+3. a generation request (POST completions, chat, responses or embeddings) beyond `max_concurrent_requests`: 429 with `Retry-After`;
 4. a `Content-Length` over `max_body_bytes`: 413 before the body is read;
 5. the body is read with a running count, 413 as soon as it passes the limit (chunked bodies too, so memory
    never holds more than the limit), and within `body_timeout` seconds, 408 after that;
@@ -25,10 +25,11 @@ from vx.serve.chat import ENDPOINT as CHAT_ENDPOINT
 from vx.serve.completions import ENDPOINT as COMPLETIONS_ENDPOINT
 from vx.serve.embeddings import ENDPOINT as EMBEDDINGS_ENDPOINT
 from vx.serve.errors import APIError
+from vx.serve.responses import ENDPOINT as RESPONSES_ENDPOINT
 from vx.serve.state import ServerState
 from vx.serve.validation import check_json_text
 
-GENERATION_PATHS = frozenset({COMPLETIONS_ENDPOINT, CHAT_ENDPOINT, EMBEDDINGS_ENDPOINT})  # what runs the engine
+GENERATION_PATHS = frozenset({COMPLETIONS_ENDPOINT, CHAT_ENDPOINT, RESPONSES_ENDPOINT, EMBEDDINGS_ENDPOINT})  # run the engine
 RETRY_AFTER_S = 1  # what a 429 asks the client to wait, in seconds
 _FINISH_TIMEOUT_S = 2.0  # the last events to a client that reads nothing must not hold up the shutdown
 _THREAD_CHECK_BYTES = 64 * 1024  # larger bodies are checked in a worker thread, so other streams keep flowing

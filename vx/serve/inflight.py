@@ -28,7 +28,8 @@ class InFlight:
 
     @property
     def generating(self) -> int:
-        """Generation requests (completions, chat, embeddings) now running: what the concurrency limit counts."""
+        """Generation requests (completions, chat, responses, embeddings) now running: what the concurrency limit
+        counts."""
         return sum(self._scopes.values())
 
     @contextlib.contextmanager

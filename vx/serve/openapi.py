@@ -19,9 +19,12 @@ from vx.serve.chat import ENDPOINT as CHAT_ENDPOINT
 from vx.serve.completions import ENDPOINT as COMPLETIONS_ENDPOINT
 from vx.serve.guard import GENERATION_PATHS
 from vx.serve.protocol import ChatCompletionChunk, CompletionResponse, ErrorResponse
+from vx.serve.responses import ENDPOINT as RESPONSES_ENDPOINT
+from vx.serve.responses_protocol import ResponseStreamEvent
 
 _STREAM_CHUNKS: dict[str, type[BaseModel]] = {COMPLETIONS_ENDPOINT: CompletionResponse,
-                                              CHAT_ENDPOINT: ChatCompletionChunk}
+                                              CHAT_ENDPOINT: ChatCompletionChunk,
+                                              RESPONSES_ENDPOINT: ResponseStreamEvent}
 
 _WHY = {
     400: "A bad field, malformed JSON, JSON nested too deeply or holding a lone surrogate, an invalid JSON schema "

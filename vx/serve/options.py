@@ -23,7 +23,7 @@ class ServerOptions:
         "the largest request body accepted, in bytes; a larger one is answered 413, from its Content-Length "
         "before it is read, or as soon as a chunked body passes the limit")})
     max_concurrent_requests: int = field(default=512, metadata={"help": (
-        "generation requests (completions, chat) handled at once; more are answered 429 with Retry-After")})
+        "generation requests (completions, chat, responses) handled at once; more are answered 429 with Retry-After")})
     header_timeout: float = field(default=10.0, metadata={"help": (
         "seconds a client has to send a request's headers, from its first byte (or from connecting); the "
         "connection is closed after that")})
