@@ -198,6 +198,7 @@ class _ResponseStream:
         self.sequence = 0
         self.output: list[dict[str, Any]] = []
         self.message: dict[str, Any] | None = None  # the message item being streamed
+        self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> the function_call item being streamed
         self.text: list[str] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -208,6 +209,7 @@ class _ResponseStream:
             await chat.produce(self._on_chunk)
         await self._start()
         await self._close_message()
+        await self._close_calls()
         incomplete = "max_output_tokens" if self.finish_reason == "length" else None
         await self._event("response.incomplete" if incomplete else "response.completed", response=response_object(
             self.req, self.id, self.model, status="incomplete" if incomplete else "completed", output=self.output,
@@ -242,6 +244,7 @@ class _ResponseStream:
 
     async def _text_delta(self, text: str) -> None:
         if self.message is None:
+            await self._close_calls()
             self.message = message_item("msg_" + uuid.uuid4().hex, "", status="in_progress")
             await self._event("response.output_item.added", output_index=len(self.output), item=self.message)
             await self._event("response.content_part.added", item_id=self.message["id"],
@@ -264,16 +267,32 @@ class _ResponseStream:
         self.message, self.text = None, []
 
     async def _function_call(self, call: dict[str, Any]) -> None:
-        """One whole call (the chat stream sends each at its end): added, its arguments, done."""
-        await self._close_message()
-        fn, index, item_id = call["function"], len(self.output), "fc_" + uuid.uuid4().hex
-        arguments = fn.get("arguments") or ""
-        await self._event("response.output_item.added", output_index=index,
-                          item=function_call_item(item_id, call["id"], fn["name"], "", status="in_progress"))
-        await self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
-                          delta=arguments)
-        await self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                          arguments=arguments)
-        done = function_call_item(item_id, call["id"], fn["name"], arguments)
-        await self._event("response.output_item.done", output_index=index, item=done)
-        self.output.append(done)
+        """A chat tool-call delta: the first one of a call (its id and name) opens its item, the following ones
+        carry its arguments piece by piece; calls come one after another."""
+        fn = call.get("function") or {}
+        index = call.get("index", 0)
+        if call.get("id"):
+            await self._close_message()
+            await self._close_calls()
+            item_id = "fc_" + uuid.uuid4().hex
+            self.calls[index] = {"item_id": item_id, "call_id": call["id"], "name": fn.get("name", ""),
+                                 "arguments": [], "output_index": len(self.output)}
+            await self._event("response.output_item.added", output_index=len(self.output),
+                              item=function_call_item(item_id, call["id"], fn.get("name", ""), "",
+                                                      status="in_progress"))
+        open_call = self.calls.get(index)
+        if open_call is not None and fn.get("arguments"):
+            open_call["arguments"].append(fn["arguments"])
+            await self._event("response.function_call_arguments.delta", item_id=open_call["item_id"],
+                              output_index=open_call["output_index"], delta=fn["arguments"])
+
+    async def _close_calls(self) -> None:
+        """The open calls' last events (their whole arguments, the finished item), in order."""
+        for open_call in self.calls.values():
+            arguments, item_id, index = "".join(open_call["arguments"]), open_call["item_id"], open_call["output_index"]
+            await self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                              arguments=arguments)
+            done = function_call_item(item_id, open_call["call_id"], open_call["name"], arguments)
+            await self._event("response.output_item.done", output_index=index, item=done)
+            self.output.append(done)
+        self.calls.clear()
