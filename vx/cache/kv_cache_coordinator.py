@@ -20,12 +20,9 @@ from vx.cache.kv_cache_block import KVCacheBlock
 class KVCacheCoordinator(ABC):
     """Maps request ids to their blocks and turns token counts into pool operations."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
-        self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching)
+    block_size: int
+    enable_caching: bool
+    block_pool: BlockPool
 
     @abstractmethod
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
@@ -55,14 +52,19 @@ class KVCacheCoordinator(ABC):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
-    """A single full-attention KV-cache group: one block list per request."""
+    """A single full-attention KV-cache group: one block list per request (one `BlockTableGroup`, whose prefix
+    hits are a plain scan of the cached prefix)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
-        super().__init__(num_blocks, block_size, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # How many leading blocks of each request went through cache_full_blocks already,
-        # so each step only looks at the blocks that filled up since.
-        self.num_cached_blocks: dict[str, int] = {}
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.group = BlockTableGroup(KVCacheGroupSpec(num_blocks), block_size, enable_caching)
+        self.block_pool = self.group.pool
+        # The group's own dicts, under the names the tests and the manager read.
+        self.req_to_blocks = self.group.req_to_blocks
+        self.num_cached_blocks = self.group.num_cached_blocks
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash],
                                max_cache_hit_length: int) -> list[KVCacheBlock]:
@@ -78,59 +80,26 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def allocate(self, request_id: str, num_tokens: int,
                  new_computed_blocks: Sequence[KVCacheBlock]) -> list[KVCacheBlock] | None:
         blocks = self.req_to_blocks.get(request_id)
-        num_held = len(blocks) if blocks is not None else 0
-        num_new = -(-num_tokens // self.block_size) - num_held - len(new_computed_blocks)
-        pool = self.block_pool
-        # Most decode steps need no block: skip the capacity check then.
-        if num_new > 0 or new_computed_blocks:
-            num_needed = num_new if num_new > 0 else 0
-            if new_computed_blocks:
-                if num_held:
-                    raise ValueError(f"request {request_id!r} already holds blocks; computed "
-                                     "blocks can only be added at its first allocation")
-                # Touching a ref-0 hit pulls it out of the free queue, so it competes with
-                # the fresh blocks for the same free pool.
-                for block in new_computed_blocks:
-                    if block.ref_cnt == 0:
-                        num_needed += 1
-            if num_needed > pool.free_block_queue.num_free_blocks:
-                return None
-
-        if blocks is None:
-            blocks = self.req_to_blocks[request_id] = []
-            self.num_cached_blocks[request_id] = 0
-        if new_computed_blocks:
-            pool.touch(new_computed_blocks)
-            blocks.extend(new_computed_blocks)
-            # Prefix hits are registered blocks already.
-            self.num_cached_blocks[request_id] = len(blocks)
-        if num_new <= 0:
+        # Most decode steps: the request's last block has room for the new token.
+        if blocks and not new_computed_blocks and num_tokens <= len(blocks) * self.block_size:
             return []
-        new_blocks = pool.get_new_blocks(num_new)
-        blocks.extend(new_blocks)
-        return new_blocks
+        if new_computed_blocks and blocks:
+            raise ValueError(f"request {request_id!r} already holds blocks; computed blocks can only be added at "
+                             "its first allocation")
+        needed = self.group.num_blocks_needed(request_id, num_tokens, new_computed_blocks)
+        if needed > self.block_pool.free_block_queue.num_free_blocks:
+            return None
+        return self.group.allocate(request_id, num_tokens, new_computed_blocks)
 
     def cache_blocks(self, request_id: str, block_hashes: Sequence[BlockHash],
                      num_tokens: int) -> None:
-        num_full = num_tokens // self.block_size
-        num_cached = self.num_cached_blocks[request_id]
-        if num_full <= num_cached:
-            return
-        self.block_pool.cache_full_blocks(self.req_to_blocks[request_id], block_hashes,
-                                          num_cached, num_full)
-        self.num_cached_blocks[request_id] = num_full
+        self.group.cache_blocks(request_id, block_hashes, num_tokens)
 
     def free(self, request_id: str) -> None:
-        blocks = self.req_to_blocks.pop(request_id, None)
-        if blocks is None:
-            return
-        del self.num_cached_blocks[request_id]
-        # Tail first: the request's last blocks are the least likely to be shared, so they
-        # should be evicted before its prefix.
-        self.block_pool.free_blocks(reversed(blocks))
+        self.group.free(request_id)
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
-        return self.req_to_blocks.get(request_id) or []
+        return self.group.get_blocks(request_id)
 
 
 class HybridKVCacheCoordinator:
