@@ -37,7 +37,7 @@ def test_buffers_pad_rows_past_the_batch_and_are_reused():
     for n, size in ((3, 4), (1, 1), (5, 8)):
         ids = torch.arange(10, 10 + n)
         block_table = torch.arange(1, 1 + 2 * n, dtype=torch.int32).view(n, 2)
-        buffers.fill(ids, ids + 100, ids + 1000, block_table, torch.full((n,), 17, dtype=torch.int32), size)
+        buffers.fill(ids, ids + 100, [ids + 1000], [block_table], torch.full((n,), 17, dtype=torch.int32), size)
         md = buffers.metadata(size)
         assert md.slot_mapping.shape == (size,) and md.block_table.shape == (size, 6)
         assert buffers.input_ids[:n].tolist() == ids.tolist()

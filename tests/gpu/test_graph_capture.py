@@ -61,9 +61,12 @@ def test_a_size_is_warmed_up_then_captured_and_each_run_replays_into_one_output(
 
 
 @pytest.mark.slow
-def test_engine_with_captured_graphs_gives_eager_greedy_tokens(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_engine_with_captured_graphs_gives_eager_greedy_tokens(tiny_model_dirs, monkeypatch, family):
     """Decode steps of 3 requests run the graph of 4 (a padding row), steps of 1 and 2 their own; prefill and mixed
-    steps stay eager; the tokens are eager decode's."""
+    steps stay eager; the tokens are eager decode's. Gemma 3 has two KV-cache groups (sliding and global layers),
+    so its graphs carry a block table and slots per group."""
+    tiny_model_dir = tiny_model_dirs[family]
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19, 20], [21]]
     params = [vx.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (12, 4, 9, 16)]
 
@@ -83,6 +86,7 @@ def test_engine_with_captured_graphs_gives_eager_greedy_tokens(tiny_model_dir, m
     monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
     got, graphs = run()
     assert got == want
+    assert len(graphs.buffers.block_tables) == (2 if family == "gemma3" else 1)
     assert graphs is not None and [e for e in capture.events if e[0] == "capture"] == [
         ("capture", 4), ("capture", 2), ("capture", 1)]  # largest first
     # Four requests decode together, then three (in the graph of 4), two, one.

@@ -27,7 +27,9 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -65,48 +67,68 @@ def bucket_for(sizes: list[int], num_reqs: int) -> int | None:
 
 @dataclass
 class DecodeBuffers:
-    """The graphs' inputs, allocated once for the largest size; a graph of size b reads the first b rows."""
+    """The graphs' inputs, allocated once for the largest size; a graph of size b reads the first b rows. A model
+    whose layers use several KV-cache groups (one per attention kind) has a slot mapping and a block table per
+    group; `slot_mapping` and `block_table` are the first group's."""
 
     input_ids: torch.Tensor    # int64 [max]
     positions: torch.Tensor    # int64 [max]
-    slot_mapping: torch.Tensor  # int64 [max]
-    block_table: torch.Tensor  # int32 [max, max_blocks_per_seq]
+    slot_mappings: list[torch.Tensor]  # int64 [max], one per group
+    block_tables: list[torch.Tensor]  # int32 [max, max_blocks_per_seq], one per group
     seq_lens: torch.Tensor     # int32 [max]
 
     @classmethod
-    def allocate(cls, max_size: int, max_blocks_per_seq: int, device: torch.device) -> DecodeBuffers:
+    def allocate(cls, max_size: int, max_blocks_per_seq: int, device: torch.device, num_groups: int = 1,
+                 ) -> DecodeBuffers:
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(*shape, dtype=dtype, device=device)
 
         buffers = cls(zeros(max_size, dtype=torch.int64), zeros(max_size, dtype=torch.int64),
-                      zeros(max_size, dtype=torch.int64), zeros(max_size, max_blocks_per_seq, dtype=torch.int32),
+                      [zeros(max_size, dtype=torch.int64) for _ in range(num_groups)],
+                      [zeros(max_size, max_blocks_per_seq, dtype=torch.int32) for _ in range(num_groups)],
                       zeros(max_size, dtype=torch.int32))
         buffers.pad(0, max_size)
         return buffers
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        return self.slot_mappings[0]
+
+    @property
+    def block_table(self) -> torch.Tensor:
+        return self.block_tables[0]
 
     def pad(self, start: int, stop: int) -> None:
         """Make rows [start, stop) padding rows."""
         self.input_ids[start:stop] = 0
         self.positions[start:stop] = 0
-        self.slot_mapping[start:stop] = PADDING_SLOT
-        self.block_table[start:stop, 0] = 0
+        for slot_mapping, block_table in zip(self.slot_mappings, self.block_tables):
+            slot_mapping[start:stop] = PADDING_SLOT
+            block_table[start:stop, 0] = 0
         self.seq_lens[start:stop] = 1
 
-    def fill(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-             block_table: torch.Tensor, seq_lens: torch.Tensor, size: int) -> None:
-        """Rows [0, n) from one decode step's inputs (n requests, one token each), rows [n, size) padding."""
+    def fill(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mappings: Sequence[torch.Tensor],
+             block_tables: Sequence[torch.Tensor], seq_lens: torch.Tensor, size: int) -> None:
+        """Rows [0, n) from one decode step's inputs (n requests, one token each; a slot mapping and a block
+        table per group), rows [n, size) padding."""
         n = input_ids.shape[0]
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(slot_mapping)
+        for own, new in zip(self.slot_mappings, slot_mappings):
+            own[:n].copy_(new)
         # Entries past a row's own blocks keep older values: the kernel reads only the blocks its length needs.
-        self.block_table[:n, :block_table.shape[1]].copy_(block_table)
+        for own, new in zip(self.block_tables, block_tables):
+            own[:n, :new.shape[1]].copy_(new)
         self.seq_lens[:n].copy_(seq_lens)
         self.pad(n, size)
 
-    def metadata(self, size: int) -> DecodeGraphMetadata:
-        return DecodeGraphMetadata(slot_mapping=self.slot_mapping[:size], block_table=self.block_table[:size],
-                                   seq_lens=self.seq_lens[:size])
+    def metadata(self, size: int) -> DecodeGraphMetadata | list[DecodeGraphMetadata]:
+        """The attention inputs of a graph of `size`: one per group, as a list when there are several (each layer
+        reads its group's)."""
+        per_group = [DecodeGraphMetadata(slot_mapping=slot_mapping[:size], block_table=block_table[:size],
+                                         seq_lens=self.seq_lens[:size])
+                     for slot_mapping, block_table in zip(self.slot_mappings, self.block_tables)]
+        return per_group[0] if len(per_group) == 1 else per_group
 
 
 def _decode_forward(model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -119,12 +141,12 @@ class DecodeGraphs:
     """The compiled decode graphs of one model runner: which sizes exist, compiling them, running a step."""
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device,
-                 capture: GraphCapture | None = None) -> None:
+                 capture: GraphCapture | None = None, num_kv_cache_groups: int = 1) -> None:
         """`capture`: how a size's graph is built (default: CUDA graphs on CUDA, inductor elsewhere)."""
         self.model = model
         self.device = device
         self.sizes = capture_sizes(max_num_seqs, device.type)
-        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, device)
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, device, num_kv_cache_groups)
         forward = own_copy(_decode_forward, f"decode_forward_{id(self):x}")
         if capture is None:
             capture = CudaGraphs(forward) if device.type == "cuda" else InductorGraphs(forward, len(self.sizes))
@@ -207,7 +229,7 @@ class DecodeGraphs:
             self._queued.add(size)
         logger.info("vx: decode graph for batch size %d compiled in %.1f s", size, seconds)
 
-    def _args(self, size: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, DecodeGraphMetadata]:
+    def _args(self, size: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Any]:
         b = self.buffers
         return self.model, b.input_ids[:size], b.positions[:size], b.metadata(size)
 
@@ -231,11 +253,12 @@ class DecodeGraphs:
             return None
         return size
 
-    def run(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """Hidden states [n, hidden] of a decode step of n requests through the graph of `size` (>= n)."""
+    def run(self, size: int, input_ids: torch.Tensor, positions: torch.Tensor, slot_mappings: Sequence[torch.Tensor],
+            block_tables: Sequence[torch.Tensor], seq_lens: torch.Tensor) -> torch.Tensor:
+        """Hidden states [n, hidden] of a decode step of n requests through the graph of `size` (>= n); a slot
+        mapping and a block table per KV-cache group."""
         n = input_ids.shape[0]
-        self.buffers.fill(input_ids, positions, slot_mapping, block_table, seq_lens, size)
+        self.buffers.fill(input_ids, positions, slot_mappings, block_tables, seq_lens, size)
         self.steps_run[size] = self.steps_run.get(size, 0) + 1
         return self._capture.run(size, self._args(size))[:n]
 

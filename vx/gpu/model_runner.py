@@ -76,13 +76,13 @@ class ModelRunner:
         when = envs.VX_DECODE_COMPILE.get()
         if when not in ("background", "startup", "off"):
             raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
-        if (self.config.device_config.enforce_eager or when == "off" or len(self.kv_cache_groups) > 1
+        if (self.config.device_config.enforce_eager or when == "off"
                 or not getattr(self.model, "supports_decode_graphs", True)
                 or not self.attn_backend.supports_decode_graphs(self.device.type)):
             return
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         self.decode_graphs = DecodeGraphs(self.model, self.config.scheduler_config.max_num_seqs, max_blocks,
-                                          self.device)
+                                          self.device, num_kv_cache_groups=max(1, len(self.kv_cache_groups)))
         # A CUDA capture takes milliseconds and must not overlap eager steps: always before serving.
         if when == "startup" or self.device.type == "cuda":
             self.decode_graphs.compile_now()
@@ -137,8 +137,10 @@ class ModelRunner:
                 and scheduler_output.total_num_scheduled_tokens == num_reqs):
             size = self.decode_graphs.graph_size(num_reqs)
             if size is not None:
-                return self.decode_graphs.run(size, inp.input_ids, inp.positions, torch.from_numpy(inp.slot_mapping),
-                                              torch.from_numpy(inp.block_table), torch.from_numpy(inp.seq_lens))
+                return self.decode_graphs.run(size, inp.input_ids, inp.positions,
+                                              [torch.from_numpy(slots) for slots in inp.slot_mappings],
+                                              [torch.from_numpy(table) for table in inp.block_tables],
+                                              torch.from_numpy(inp.seq_lens))
         dev = self.device
         qsl_cpu = torch.from_numpy(inp.query_start_loc)
         seq_lens_cpu = torch.from_numpy(inp.seq_lens)
