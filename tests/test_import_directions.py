@@ -18,6 +18,8 @@ FORBIDDEN = {
     "executor": {"client", "core"},
     # vx's C kernels and their build machinery: used by both models and gpu, so they import neither.
     "kernels": {"core", "gpu", "models", "client", "executor"},
+    # process groups and collectives: the workers and the models' layers use them, so they import neither.
+    "distributed": {"core", "gpu", "models", "client", "executor"},
 }
 # Modules anyone may import: they import none of the packages above.
 LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",

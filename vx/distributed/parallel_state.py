@@ -1,0 +1,64 @@
+"""The tensor- and pipeline-parallel groups of one process, made once when its worker starts and torn down with it.
+
+Ranks are laid out stage by stage: world size = pipeline stages x tensor-parallel ranks, and global rank
+r = stage * tp + tp_rank. A tensor-parallel group is one stage's ranks; a pipeline group is the ranks holding the
+same shard in every stage. Nothing here is global: the worker keeps the `ParallelGroups` it gets and hands the
+groups to the model's layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from vx.distributed.group_coordinator import GroupCoordinator, backend_for
+
+
+@dataclass
+class ParallelGroups:
+    """This process's groups: `tp` (the ranks sharding its layers), `pp` (the stages it passes hidden states
+    along)."""
+
+    tp: GroupCoordinator
+    pp: GroupCoordinator
+    world_size: int
+    rank: int
+
+
+def init_parallel_groups(rank: int, tensor_parallel_size: int, pipeline_parallel_size: int,
+                         init_method: str, device: torch.device | str = "cpu") -> ParallelGroups:
+    """Join the process group (`init_method`: a `tcp://` or `file://` rendezvous) and make this rank's groups.
+
+    Every rank of the world calls it with the same sizes; torch.distributed needs every group made on every rank,
+    in the same order, so all of them are made here and each rank keeps its own.
+    """
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tensor_parallel_size={tp} and pipeline_parallel_size={pp} must be >= 1.")
+    world = tp * pp
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world} ranks.")
+    backend = backend_for(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend, init_method=init_method, world_size=world, rank=rank)
+    tp_groups = [list(range(stage * tp, (stage + 1) * tp)) for stage in range(pp)]
+    pp_groups = [list(range(shard, world, tp)) for shard in range(tp)]
+
+    def make(all_ranks: list[list[int]]) -> GroupCoordinator:
+        mine = None
+        for ranks in all_ranks:
+            group = dist.new_group(ranks, backend=backend) if world > 1 and len(ranks) > 1 else None
+            if rank in ranks:
+                mine = GroupCoordinator(ranks, rank, group)
+        assert mine is not None
+        return mine
+
+    return ParallelGroups(tp=make(tp_groups), pp=make(pp_groups), world_size=world, rank=rank)
+
+
+def destroy_parallel_groups() -> None:
+    """Leave the process group (idempotent): every group made with it ends."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
