@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch import nn
 
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.vocab_embedding import ParallelLMHead
+
+if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +39,15 @@ class CausalLM(nn.Module):
     # Checkpoint entries that are derived state, not weights.
     _skip_suffixes = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
-    def __init__(self, hf_config: Any, model: nn.Module, quant_config: QuantizationConfig | None = None) -> None:
+    def __init__(self, hf_config: Any, model: nn.Module, quant_config: QuantizationConfig | None = None,
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
         self.config = hf_config
         self.model = model
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size,
                                       quant_config=None if self.tie_word_embeddings else quant_config,
-                                      prefix="lm_head")
+                                      prefix="lm_head", tp_group=tp_group)
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
 

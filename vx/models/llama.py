@@ -7,7 +7,7 @@ q/k RMSNorm and an explicit head_dim, Llama may have `attention_bias` / `mlp_bia
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from vx.models.layers.norm import RMSNorm
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope
 from vx.models.layers.vocab_embedding import VocabParallelEmbedding
+
+if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
 
 
 
@@ -39,12 +42,14 @@ class LlamaMLP(nn.Module):
     """SwiGLU MLP with gate and up projections fused into one matmul."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias,
-                                                       quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
+                                                       quant_config=quant_config, prefix=f"{prefix}.gate_up_proj",
+                                                       tp_group=tp_group)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, quant_config=quant_config,
-                                           prefix=f"{prefix}.down_proj")
+                                           prefix=f"{prefix}.down_proj", tp_group=tp_group)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +61,8 @@ class LlamaAttention(nn.Module):
     """Self-attention block: fused qkv projection, optional q/k norm, rotary, paged attention, o_proj."""
 
     def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
         model_type = getattr(config, "model_type", "llama")
         self.head_dim = hf_head_dim(config)
@@ -66,9 +72,10 @@ class LlamaAttention(nn.Module):
         qkv_bias = True if model_type == "qwen2" else attention_bias
         o_bias = False if model_type == "qwen2" else attention_bias
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
-                                          bias=qkv_bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
+                                          bias=qkv_bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
+                                          tp_group=tp_group)
         self.o_proj = RowParallelLinear(self.num_heads * self.head_dim, config.hidden_size, bias=o_bias,
-                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
+                                        quant_config=quant_config, prefix=f"{prefix}.o_proj", tp_group=tp_group)
         self.q_size = self.qkv_proj.q_size
         self.kv_size = self.qkv_proj.kv_size
         self.use_qk_norm = model_type in ("qwen3", "qwen3_moe")
@@ -101,12 +108,13 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
                  quant_config: QuantizationConfig | None = None, prefix: str = "", mlp: nn.Module | None = None,
-                 ) -> None:
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn")
+        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn",
+                                        tp_group)
         self.mlp = mlp if mlp is not None else LlamaMLP(
             config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), quant_config,
-            f"{prefix}.mlp")
+            f"{prefix}.mlp", tp_group)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -128,14 +136,16 @@ class LlamaModel(nn.Module):
     experts of a mixture-of-experts family), or None for the dense one."""
 
     def __init__(self, config: Any, quant_config: QuantizationConfig | None = None, prefix: str = "model",
-                 mlp_for_layer: Callable[[int, str], nn.Module | None] | None = None) -> None:
+                 mlp_for_layer: Callable[[int, str], nn.Module | None] | None = None,
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=quant_config,
-                                                   prefix=f"{prefix}.embed_tokens")
+                                                   prefix=f"{prefix}.embed_tokens", tp_group=tp_group)
         self.rotary_emb = get_rope(config, hf_head_dim(config))
         mlp_for_layer = mlp_for_layer or (lambda layer_idx, mlp_prefix: None)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb, quant_config,
-                                                      f"{prefix}.layers.{i}", mlp_for_layer(i, f"{prefix}.layers.{i}.mlp"))
+                                                      f"{prefix}.layers.{i}", mlp_for_layer(i, f"{prefix}.layers.{i}.mlp"),
+                                                      tp_group)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -151,7 +161,10 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    """Causal LM head on `LlamaModel`; serves LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM."""
+    """Causal LM head on `LlamaModel`; serves LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM. With a
+    `tp_group`, every layer holds this rank's shard (heads, intermediate features, vocabulary rows)."""
 
-    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
-        super().__init__(hf_config, LlamaModel(hf_config, quant_config), quant_config)
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None,
+                 tp_group: GroupCoordinator | None = None) -> None:
+        super().__init__(hf_config, LlamaModel(hf_config, quant_config, tp_group=tp_group), quant_config,
+                         tp_group=tp_group)

@@ -7,7 +7,7 @@ import contextlib
 import glob
 import json
 import os
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -15,6 +15,9 @@ from torch import nn
 from vx.models.layers.quantization import QuantizationConfig, process_weights_after_loading
 from vx.models.registry import resolve_model_class
 from vx.platform import release_free_heap
+
+if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
 
 _INDEX_FILE = "model.safetensors.index.json"
 
@@ -80,9 +83,10 @@ class DefaultModelLoader:
     """Builds the registered model class for the config's architecture and fills it from its checkpoint."""
 
     def load_model(self, model_path: str, hf_config: Any, dtype: torch.dtype, device: torch.device | str,
-                   quant_config: QuantizationConfig | None = None) -> nn.Module:
+                   quant_config: QuantizationConfig | None = None, tp_group: GroupCoordinator | None = None,
+                   ) -> nn.Module:
         """Model in `dtype` on `device`, every parameter loaded and readied by its quantization method, in eval
-        mode."""
+        mode; with `tp_group`, this rank's shard of it (each layer takes its slice of the checkpoint's tensors)."""
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError("The model config names no 'architectures'; cannot pick a model class.")
@@ -93,7 +97,7 @@ class DefaultModelLoader:
         weights = checkpoint_weights(model_path, hf_config, quant_config)
         try:
             with torch.no_grad(), _default_dtype(dtype), torch.device(device):
-                model = model_cls(hf_config, quant_config)
+                model = model_cls(hf_config, quant_config, **({} if tp_group is None else {"tp_group": tp_group}))
             with torch.no_grad():
                 loaded = model.load_weights(weights)
             missing = sorted(set(dict(model.named_parameters())) - loaded)

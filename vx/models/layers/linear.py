@@ -19,6 +19,7 @@ from torch import nn
 from vx.models.layers.quantization.unquantized import UnquantizedLinearMethod
 
 if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
     from vx.models.layers.quantization.base_config import QuantizationConfig
 
 WeightLoader = Callable[..., None]
@@ -61,13 +62,19 @@ def _units(param: torch.Tensor, dim: int, features: int, layer_features: int, na
     return scaled // layer_features
 
 
+def _tp(tp_group: GroupCoordinator | None, tp_size: int, tp_rank: int) -> tuple[int, int]:
+    """A layer's (tp_size, tp_rank): its group's when it has one."""
+    return (tp_size, tp_rank) if tp_group is None else (tp_group.world_size, tp_group.rank_in_group)
+
+
 class LinearBase(nn.Module):
     """Shared parts: TP coordinates, the quantization method that owns the weight, the bias, the forward."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_size: int = 1, tp_rank: int = 0,
                  shard_dim: int | None = None, quant_config: QuantizationConfig | None = None, prefix: str = "",
-                 output_partition_sizes: list[int] | None = None) -> None:
+                 output_partition_sizes: list[int] | None = None, tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
+        self.tp_group = tp_group
         if not 0 <= tp_rank < tp_size:
             raise ValueError(f"tp_rank={tp_rank} out of range for tp_size={tp_size}.")
         self.tp_size = tp_size
@@ -134,9 +141,10 @@ class ColumnParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1,
                  tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "",
-                 output_partition_sizes: list[int] | None = None) -> None:
+                 output_partition_sizes: list[int] | None = None, tp_group: GroupCoordinator | None = None) -> None:
+        tp_size, tp_rank = _tp(tp_group, tp_size, tp_rank)
         super().__init__(input_size, output_size, bias, tp_size, tp_rank, shard_dim=0, quant_config=quant_config,
-                         prefix=prefix, output_partition_sizes=output_partition_sizes)
+                         prefix=prefix, output_partition_sizes=output_partition_sizes, tp_group=tp_group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
         """Take this rank's output features [rank*n, (rank+1)*n) of the full weight (or bias, or scales)."""
@@ -148,10 +156,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of the same input fused into one matmul (e.g. gate and up)."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp_size: int = 1,
-                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
+        tp_size, tp_rank = _tp(tp_group, tp_size, tp_rank)
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias, tp_size, tp_rank, quant_config, prefix,
-                         [_divide(size, tp_size) for size in output_sizes])
+                         [_divide(size, tp_size) for size in output_sizes], tp_group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
         """Place sub-projection `shard_id` (0, 1, ...) at its offset in the fused weight."""
@@ -173,7 +183,9 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
                  total_num_kv_heads: int | None = None, bias: bool = False, tp_size: int = 1,
-                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
+        tp_size, tp_rank = _tp(tp_group, tp_size, tp_rank)
         total_num_kv_heads = total_num_kv_heads or total_num_heads
         self.head_size = head_size
         self.total_num_heads = total_num_heads
@@ -190,7 +202,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         # Sized so that the per-rank output is q_size + 2 * kv_size even with replicated KV heads.
         output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
         super().__init__(hidden_size, output_size, bias, tp_size, tp_rank, quant_config, prefix,
-                         [self.q_size, self.kv_size, self.kv_size])
+                         [self.q_size, self.kv_size, self.kv_size], tp_group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
         """Place this rank's part of the full q, k or v checkpoint tensor (shard_id 'q'|'k'|'v')."""
@@ -207,12 +219,15 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input dim split across ranks; partial results need an all-reduce (not wired yet, so TP must be 1)."""
+    """Input dim split across ranks; the ranks' partial products are summed (all-reduce over `tp_group`), then
+    the bias is added once."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1,
-                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
+        tp_size, tp_rank = _tp(tp_group, tp_size, tp_rank)
         super().__init__(input_size, output_size, bias, tp_size, tp_rank, shard_dim=1, quant_config=quant_config,
-                         prefix=prefix)
+                         prefix=prefix, tp_group=tp_group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
         """Weight (and its scales): take this rank's input features, along the param's `input_dim`. Bias: kept
@@ -226,8 +241,11 @@ class RowParallelLinear(LinearBase):
         _copy_checked(param.data, loaded_weight, type(self).__name__)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Matmul over this rank's input slice."""
-        if self.tp_size > 1:
+        """Matmul over this rank's input slice, summed over the ranks, plus the bias."""
+        if self.tp_size == 1:
+            return self.quant_method.apply(self, x, self.bias)
+        if self.tp_group is None:
             # Without the all-reduce the result would be silently partial.
-            raise NotImplementedError("RowParallelLinear with tp_size > 1 needs an all-reduce (not wired yet).")
-        return self.quant_method.apply(self, x, self.bias)
+            raise ValueError(f"{self.prefix}: tp_size={self.tp_size} without a tp_group to sum the ranks over.")
+        y = self.tp_group.all_reduce(self.quant_method.apply(self, x, None))
+        return y if self.bias is None else y + self.bias

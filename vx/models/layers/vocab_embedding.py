@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
     from vx.models.layers.quantization.base_config import EmbeddingMethodBase, QuantizationConfig
 
 
@@ -25,8 +26,14 @@ class VocabParallelEmbedding(nn.Module):
     serves_lm_head: bool = False
 
     def __init__(self, num_embeddings: int, embedding_dim: int, tp_size: int = 1, tp_rank: int = 0,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
+        if tp_group is not None:
+            tp_size, tp_rank = tp_group.world_size, tp_group.rank_in_group
+        if tp_size > 1 and quant_config is not None:
+            raise ValueError(f"{prefix}: a quantized token table is not split across tensor-parallel ranks yet.")
+        self.tp_group = tp_group
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.tp_size = tp_size
@@ -57,8 +64,10 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embed token ids [T] -> [T, embedding_dim]."""
         if self.tp_size > 1:
-            # Would need masking of out-of-shard ids plus an all-reduce; not wired yet.
-            raise NotImplementedError("VocabParallelEmbedding with tp_size > 1 is not wired yet.")
+            # Each rank embeds the ids of its slice (zeros for the others); the sum over the ranks is the embedding.
+            mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
+            rows = F.embedding(torch.where(mine, input_ids - self.vocab_start, 0), self.weight)
+            return self.tp_group.all_reduce(rows * mine.unsqueeze(-1).to(rows.dtype))
         if self.quant_method is not None:
             return self.quant_method.embedding(self, input_ids)
         return F.embedding(input_ids, self.weight)
@@ -73,8 +82,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     serves_lm_head = True
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tp_size: int = 1,
-                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
-        super().__init__(num_embeddings, embedding_dim, tp_size, tp_rank, quant_config, prefix)
+                 tp_rank: int = 0, quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
+        super().__init__(num_embeddings, embedding_dim, tp_size, tp_rank, quant_config, prefix, tp_group)
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(torch.zeros(self.num_embeddings_per_partition),
                                                           requires_grad=False)
@@ -96,7 +106,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Logits [N, vocab] in float32 for hidden states [N, hidden]."""
         if self.tp_size > 1:
-            raise NotImplementedError("ParallelLMHead with tp_size > 1 needs a gather (not wired yet).")
+            # Each rank's vocabulary slice of the logits, gathered in rank order (the padding rows cut below).
+            return self.tp_group.all_gather(F.linear(hidden_states, self.weight, self.bias), dim=-1)[
+                ..., :self.num_embeddings].float()
         if self.quant_method is not None:
             # A tied head computes from the embedding's state, which the method readied on that module.
             table = self.__dict__.get("tied_embedding", self)

@@ -1,0 +1,70 @@
+"""A Llama-family model split over two tensor-parallel ranks (gloo) gives the logits of the whole model, and each
+rank holds about half of its sharded layers' parameters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.support.paged_attention import PagedRunner
+from vx.distributed import destroy_parallel_groups, init_parallel_groups
+
+PROMPTS = {"a": [5, 9, 13, 2, 7, 30, 31], "b": list(range(40, 73)), "c": [3]}
+SHARDED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "embed_tokens", "lm_head")
+
+
+def _logits(model) -> dict[str, list[list[float]]]:
+    from vx.gpu.attention import get_attn_backend
+    from vx.gpu.kv_cache import bind_kv_caches
+
+    backend = get_attn_backend("torch", "cpu")
+    bind_kv_caches(model, backend, 64, 4, torch.float32, "cpu")
+    runner = PagedRunner(model, backend, 64, 4)
+    for req_id, tokens in PROMPTS.items():
+        runner.add(req_id, tokens)
+    out = runner.step({req_id: len(tokens) for req_id, tokens in PROMPTS.items()})
+    return {req_id: logits.tolist() for req_id, logits in out.items()}
+
+
+def _sharded_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+               if any(f"{part}." in name for part in SHARDED))
+
+
+def _rank_main(rank: int, model_dir: str, init_method: str, out_dir: str) -> None:
+    from transformers import AutoConfig
+
+    from vx.models.loader import DefaultModelLoader
+
+    config = AutoConfig.from_pretrained(model_dir)
+    groups = init_parallel_groups(rank, tensor_parallel_size=2, pipeline_parallel_size=1, init_method=init_method)
+    try:
+        model = DefaultModelLoader().load_model(model_dir, config, torch.float32, "cpu", tp_group=groups.tp)
+        result = {"logits": _logits(model), "sharded_bytes": _sharded_bytes(model)}
+    finally:
+        destroy_parallel_groups()
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_two_tensor_parallel_ranks_give_the_whole_model_logits(tiny_model_dirs, tmp_path, family):
+    from transformers import AutoConfig
+
+    from vx.models.loader import DefaultModelLoader
+
+    model_dir = tiny_model_dirs[family]
+    whole = DefaultModelLoader().load_model(model_dir, AutoConfig.from_pretrained(model_dir), torch.float32, "cpu")
+    want = _logits(whole)
+    mp.spawn(_rank_main, args=(model_dir, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}.json") as f:
+            got = json.load(f)
+        for req_id, logits in want.items():
+            torch.testing.assert_close(torch.tensor(got["logits"][req_id]), torch.tensor(logits), atol=1e-5, rtol=0)
+        # Each rank holds half of every sharded layer (KV heads: 2 over 2 ranks, one each).
+        assert got["sharded_bytes"] == pytest.approx(_sharded_bytes(whole) / 2, rel=0.01)
