@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -37,6 +38,9 @@ from vx.gpu.attention.backend import DecodeGraphMetadata
 from vx.gpu.graph_capture import CudaGraphs, GraphCapture, InductorGraphs, own_copy
 
 logger = logging.getLogger(__name__)
+
+# The interpreter's GIL switch interval while a graph compiles in the background (default 5 ms).
+_COMPILE_SWITCH_INTERVAL_S = 1e-4
 
 PADDING_SLOT = 0  # the null block's first slot: padding rows write there and attend to it alone
 
@@ -195,17 +199,26 @@ class DecodeGraphs:
                 return False
             time.sleep(0.05)
 
-    def shutdown(self) -> None:
-        """Stop the background compiler: queued sizes are dropped, the one being compiled is waited for.
+    def shutdown(self, wait: bool = False) -> None:
+        """Stop the background compiler: queued sizes are dropped; with `wait`, the one being compiled is waited for.
 
-        A compile cannot be interrupted, and a process that exits in the middle of one aborts ("terminate called
-        without an active exception", from the compiler's C++ threads): hence the wait, here and at exit.
+        A compile cannot be interrupted, and an interpreter that exits in the middle of one aborts ("terminate
+        called without an active exception", from the compiler's C++ threads): so the exit itself waits for it
+        (a finalizer registered with the thread). An engine process ends with os._exit, which needs no wait.
         """
-        _stop_compiler(self._stop, self._queue, self._thread)
+        _stop_compiler(self._stop, self._queue, self._thread if wait else None)
 
     def _compile_loop(self) -> None:
         while (size := self._queue.get()) is not None and not self._stop.is_set():
-            self._compile(size)
+            # While this thread compiles (mostly Python), every torch op of an eager step that releases the GIL
+            # waits up to a whole switch interval (5 ms) to get it back: hundreds a step. A short interval for the
+            # compile's duration keeps the steps being served at their speed.
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(_COMPILE_SWITCH_INTERVAL_S)
+            try:
+                self._compile(size)
+            finally:
+                sys.setswitchinterval(interval)
 
     def _compile(self, size: int) -> None:
         """Compile the graph of `size` by running it once on padding rows only (they touch the null block alone)."""
