@@ -1,7 +1,7 @@
 """The block tables of one group of layers with the same attention kind, over the group's own block pool.
 
-A model whose layers all attend the same way has one group (`UnitaryKVCacheCoordinator` keeps its bookkeeping
-inline, for speed). A model that mixes kinds (Gemma: sliding-window and global layers) has one group per kind
+A model whose layers all attend in full has one group (`UnitaryKVCacheCoordinator`). A model with sliding-window
+layers (Gemma: sliding-window and global layers) has one group per kind
 (`HybridKVCacheCoordinator`), each with its pool, its per-request block list and its prefix cache:
 
 - full attention: a request holds a block for every position it has computed;

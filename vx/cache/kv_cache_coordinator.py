@@ -1,7 +1,7 @@
 """Per-request block bookkeeping over the block pools.
 
-`UnitaryKVCacheCoordinator`: one group of full-attention layers sharing one block table per request (most models),
-its bookkeeping inline for speed. `HybridKVCacheCoordinator`: one group per attention kind
+`UnitaryKVCacheCoordinator`: one group of full-attention layers sharing one block table per request (most models):
+one `BlockTableGroup`, with a plain prefix scan for hits and a fast path for steps that need no block. `HybridKVCacheCoordinator`: one group per attention kind
 (`vx.cache.block_table_group`), for models that mix sliding-window and global layers or whose every layer is
 windowed: each group has its own pool, and a sliding group releases the blocks that fell out of its window.
 """

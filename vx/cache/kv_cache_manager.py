@@ -122,17 +122,21 @@ class KVCacheManager:
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         coordinator = self.coordinator
         new_blocks = coordinator.allocate(request_id, num_tokens, computed)
-        if new_blocks is None or not self.enable_caching:
-            return new_blocks
+        if new_blocks is not None and self.enable_caching:
+            self._cache_full_blocks(coordinator, request, num_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, coordinator: KVCacheCoordinator | HybridKVCacheCoordinator, request: CacheRequest,
+                           num_tokens: int) -> None:
+        """Register the request's blocks that are full once its first `num_tokens` tokens are computed."""
         token_ids = request.all_token_ids
         block_hashes = request.block_hashes
         num_known = len(token_ids)
         if num_known // self.block_size > len(block_hashes):  # skip the call in most steps
             update_block_hashes(block_hashes, token_ids, self.block_size)
         # Only tokens that exist can be hashed; a scheduled lookahead slot is not full yet.
-        coordinator.cache_blocks(request_id, block_hashes,
+        coordinator.cache_blocks(request.request_id, block_hashes,
                                  num_tokens if num_tokens < num_known else num_known)
-        return new_blocks
 
     def _allocate_hybrid(self, request: CacheRequest, num_new_tokens: int, num_new_computed_tokens: int,
                          new_computed_blocks: Any) -> list[list[KVCacheBlock]] | None:
@@ -145,12 +149,8 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_tokens = num_computed + num_new_tokens
         new_blocks = self.hybrid.allocate(request.request_id, num_tokens, hits, num_computed)
-        if new_blocks is None or not self.enable_caching:
-            return new_blocks
-        token_ids, block_hashes = request.all_token_ids, request.block_hashes
-        if len(token_ids) // self.block_size > len(block_hashes):
-            update_block_hashes(block_hashes, token_ids, self.block_size)
-        self.hybrid.cache_blocks(request.request_id, block_hashes, min(num_tokens, len(token_ids)))
+        if new_blocks is not None and self.enable_caching:
+            self._cache_full_blocks(self.hybrid, request, num_tokens)
         return new_blocks
 
     def new_block_ids(self, new_blocks: Any) -> list[list[int]]:

@@ -76,10 +76,9 @@ class KVCacheSize(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def kv_cache_groups(layer_windows: Sequence[int | None], num_blocks: int, block_size: int, max_num_seqs: int,
-                    max_num_batched_tokens: int, rebalance: bool = True,
-                    ) -> tuple[tuple[KVCacheGroupSpec, ...], list[int]]:
-    """Split a cache of `num_blocks` blocks (over every layer) into one pool per attention kind: ((the groups,
-    full attention first), each layer's group), or ((), []) when every layer attends in full.
+                    max_num_batched_tokens: int, rebalance: bool = True) -> tuple[KVCacheGroupSpec, ...]:
+    """Split a cache of `num_blocks` blocks (over every layer) into one pool per attention kind (full attention
+    first; a layer belongs to the group of its window), or () when every layer attends in full.
 
     A sliding-window group never needs more than its windows: each running sequence reads the blocks of its last
     `window` positions plus those of the chunk it computes, so it gets max_num_seqs * (ceil((window - 1) / bs) + 2)
@@ -90,11 +89,10 @@ def kv_cache_groups(layer_windows: Sequence[int | None], num_blocks: int, block_
     """
     kinds = sorted(set(layer_windows), key=lambda w: -1 if w is None else w)
     if kinds == [None]:
-        return (), []
-    num_layers = len(layer_windows)
+        return ()
     if len(kinds) == 1:
-        return (KVCacheGroupSpec(num_blocks, kinds[0]),), [0] * num_layers
-    budget_layer_blocks = num_blocks * num_layers  # one layer's block is the unit
+        return (KVCacheGroupSpec(num_blocks, kinds[0]),)
+    budget_layer_blocks = num_blocks * len(layer_windows)  # one layer's block is the unit
     specs: list[KVCacheGroupSpec] = []
     for window in kinds:
         if window is None:
@@ -106,8 +104,7 @@ def kv_cache_groups(layer_windows: Sequence[int | None], num_blocks: int, block_
     if None in kinds:
         full_blocks = max(num_blocks, budget_layer_blocks // layer_windows.count(None)) if rebalance else num_blocks
         specs.insert(0, KVCacheGroupSpec(full_blocks, None))
-    index = {spec.sliding_window: i for i, spec in enumerate(specs)}
-    return tuple(specs), [index[w] for w in layer_windows]
+    return tuple(specs)
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:

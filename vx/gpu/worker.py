@@ -57,9 +57,8 @@ class Worker:
             max_num_seqs=sc.max_num_seqs, num_kv_blocks=cc.num_kv_blocks,
             kv_cache_memory_bytes=cc.kv_cache_memory_bytes, device_budget_bytes=budget)
         # Sliding-window layers get pools of their own, which hold only their windows.
-        groups, _ = kv_cache_groups(self.model_runner.layer_windows(), size.num_blocks, cc.block_size,
-                                    sc.max_num_seqs, sc.max_num_batched_tokens,
-                                    rebalance=size.source != "num_kv_blocks")
+        groups = kv_cache_groups(self.model_runner.layer_windows(), size.num_blocks, cc.block_size,
+                                 sc.max_num_seqs, sc.max_num_batched_tokens, rebalance=size.source != "num_kv_blocks")
         return msgspec.structs.replace(size, groups=groups)
 
     def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
