@@ -7,11 +7,15 @@
 #   1. .venv: `make setup` when missing (it takes the CUDA build of torch when nvidia-smi is there), then triton;
 #      flash-attn only if a wheel installs within a minute (else skipped, and said);
 #   2. nvidia-smi, versions, the attention backend `auto` picks;
-#   3. `pytest -m gpu` (triton / flash_attn vs torch on CUDA, the engine end to end) and the CPU-side decode-graph
-#      and attention tests;
+#   3. `pytest -m gpu` (triton / flash_attn vs torch on CUDA, the engine end to end), benchmarks.cuda_probe (every
+#      family's greedy tokens vs HF on CUDA, each engine feature, every case isolated) and the CPU-side
+#      decode-graph and attention tests;
 #   4. greedy vs Hugging Face on a Qwen2.5-0.5B-shaped random model: float32 exact, bf16 top-1 agreement;
 #   5. throughput vx vs HF `generate` (its best batch size) on the mixed workload, CUDA graphs on and off, and one
 #      stream's decode (batch 1) with its fraction of the HBM roofline.
+# GPU_CHECK_PYTHON=python3 (a machine without a package index): use that Python's torch and triton, and install the
+# wheels carried in .whl/ beside it instead of step 1. Test modules whose imports are missing there are reported
+# and the rest run (--continue-on-collection-errors).
 # --dry-run (on a CPU): no installs; runs the CPU-side tests and steps 4-5 on the `micro` model on the CPU, and
 # marks each GPU-only step skipped. It checks the script, not the GPU.
 set -u
@@ -77,6 +81,15 @@ log "vx GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short H
 
 if [ $DRY_RUN = 1 ]; then
     skip_step "install (make setup, triton, flash-attn)" "dry run: the existing .venv is used as it is"
+elif [ -n "${GPU_CHECK_PYTHON:-}" ]; then
+    # A machine with no package index (a lent GPU box): the Python that already holds CUDA torch and triton, plus
+    # vx's missing dependencies carried as wheels in .whl/ (msgspec, pyzmq, gguf), installed beside it.
+    skip_step "install (make setup, triton, flash-attn)" "GPU_CHECK_PYTHON=$GPU_CHECK_PYTHON: its packages are used"
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        run_step "carried wheels (.whl/)" 60 "$GPU_CHECK_PYTHON" -m pip install -q --no-index --no-deps \
+            --no-compile --no-cache-dir --upgrade --target /tmp/vx-site .whl/*.whl
+    fi
+    export PYTHONPATH="/tmp/vx-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
     if [ ! -x .venv/bin/python ]; then  # an existing .venv is used as it is
         run_step "make setup" 200 make setup
@@ -87,9 +100,9 @@ else
     run_step "flash-attn (wheel within 60 s, optional)" 60 .venv/bin/python -m pip install -q --only-binary=:all: \
         flash-attn || log "flash-attn not installed: its backend is skipped"
 fi
-PY=.venv/bin/python
-if [ ! -x "$PY" ]; then
-    log "no .venv/bin/python: cannot continue"
+PY=${GPU_CHECK_PYTHON:-.venv/bin/python}
+if ! command -v "$PY" >/dev/null 2>&1; then
+    log "no $PY: cannot continue"
     exit 1
 fi
 export TOKENIZERS_PARALLELISM=false
@@ -122,11 +135,17 @@ EOF
 if [ $DRY_RUN = 1 ]; then
     skip_step "pytest -m gpu" "dry run: needs CUDA"
 else
-    run_step "pytest -m gpu" 120 "$PY" -m pytest -m gpu -q -ra -p no:cacheprovider tests
+    run_step "pytest -m gpu" 120 "$PY" -m pytest -m gpu -q -ra -p no:cacheprovider \
+        --continue-on-collection-errors tests/gpu tests/models
+    run_step "every family and feature on CUDA (benchmarks.cuda_probe)" 150 "$PY" -m benchmarks.cuda_probe \
+        --device cuda
 fi
-run_step "decode-graph and attention tests (CPU side: capture logic, interpreter, selector)" 90 \
+if [ -n "${GPU_CHECK_SKIP_CPU_TESTS:-}" ]; then
+    skip_step "decode-graph and attention tests (CPU side)" "GPU_CHECK_SKIP_CPU_TESTS is set"
+else run_step "decode-graph and attention tests (CPU side: capture logic, interpreter, selector)" 90 \
     "$PY" -m pytest -q -ra -p no:cacheprovider -m "not gpu" tests/gpu/attention tests/gpu/test_graph_capture.py
-run_step "greedy vs HF, float32 (exact)" 60 "$PY" -m benchmarks.greedy_check --model $MODEL --device $DEVICE \
+fi
+run_step "greedy vs HF, float32 (exact)" 100 "$PY" -m benchmarks.greedy_check --model $MODEL --device $DEVICE \
     --dtype float32
 run_step "greedy vs HF, bf16 (top-1 agreement)" 50 "$PY" -m benchmarks.greedy_check --model $MODEL \
     --device $DEVICE --dtype bfloat16

@@ -57,6 +57,12 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     def head_dim(self) -> int:
         return hf_head_dim(self.hf_config)
 
+    @property
+    def attn_logits_soft_cap(self) -> float | None:
+        """Gemma 2's cap on attention scores (scores -> cap * tanh(scores / cap)); None: not capped."""
+        cap = getattr(self.hf_config, "attn_logit_softcapping", None)
+        return float(cap) if cap is not None else None
+
 
 def hf_num_kv_heads(hf_config: Any) -> int:
     """Key/value heads of a Hugging Face config: num_key_value_heads, else num_attention_heads (no GQA)."""

@@ -42,7 +42,8 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.attn_backend = get_attn_backend(
             config.device_config.attention_backend, device.type, dtype=self.dtype,
-            block_size=self.block_size, head_dim=config.model_config.head_dim, kv_cache_dtype=self.kv_cache_dtype)
+            block_size=self.block_size, head_dim=config.model_config.head_dim, kv_cache_dtype=self.kv_cache_dtype,
+            logits_soft_cap=config.model_config.attn_logits_soft_cap is not None)
         self.kv_caches: list[torch.Tensor] = []
         self.kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()  # empty: one group, every layer in full
         self.decode_graphs: DecodeGraphs | None = None

@@ -22,7 +22,11 @@ class Worker:
 
     def __init__(self, config: VxConfig) -> None:
         self.config = config
-        self.device = torch.device(config.device_config.device)
+        device = torch.device(config.device_config.device)
+        if device.type == "cuda" and device.index is None:
+            # torch.cuda.set_device needs an index: "cuda" means the current device, as torch reads it.
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:

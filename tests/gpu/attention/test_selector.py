@@ -141,3 +141,17 @@ def test_new_output_zeroes_padding_rows_only():
     out = impl.new_output(torch.ones(5, 6, dtype=torch.float16), num_actual_tokens=3)
     assert out.shape == (5, 6) and out.dtype == torch.float16
     assert not out[3:].any()
+
+
+def test_soft_capped_models_pass_over_backends_that_cannot_cap(monkeypatch):
+    """Gemma 2 on CUDA: 'auto' skips triton (it does not soft-cap the scores) for torch, and naming triton says why;
+    on the GPU, 'auto' picked triton and the model refused to build."""
+    from vx.gpu.attention.torch_backend import TorchAttentionBackend
+    from vx.gpu.attention.triton_backend import TritonAttentionBackend
+
+    monkeypatch.setattr(TritonAttentionBackend, "unavailable_reason", staticmethod(lambda device: None))
+    shape = dict(dtype=torch.float32, head_dim=64, block_size=16)
+    assert get_attn_backend("auto", "cuda", **shape) is TritonAttentionBackend
+    assert get_attn_backend("auto", "cuda", **shape, logits_soft_cap=True) is TorchAttentionBackend
+    with pytest.raises(ValueError, match="triton'? is unavailable: it does not apply attention-logit soft-capping"):
+        get_attn_backend("triton", "cuda", **shape, logits_soft_cap=True)

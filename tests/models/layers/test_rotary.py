@@ -133,3 +133,26 @@ def test_longrope_uses_short_factors_within_the_original_context_and_long_ones_p
         cos_hf, sin_hf = hf(torch.zeros(1), torch.arange(position + 1)[None])
         at = torch.tensor([position])
         _assert_cos_sin_equal(ours, cos_hf[0, -1:], sin_hf[0, -1:], at)
+
+
+@pytest.mark.parametrize("rope_scaling", [
+    None,
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+     "original_max_position_embeddings": 64},
+], ids=lambda r: (r or {}).get("rope_type", "default"))
+def test_rope_tables_build_under_another_default_device(rope_scaling):
+    """Models are built under the target device as torch's default (CUDA on a GPU): every rope type computes its
+    tables on the CPU and moves them, rather than mixing devices (LongRoPE did, on the GPU)."""
+    from transformers import LlamaConfig
+
+    from vx.models.layers.rotary import get_rope
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
+                         rope_scaling=rope_scaling)
+    with torch.device("meta"):
+        rope = get_rope(config, 16)
+    assert rope.cos_cache.device.type == "meta"

@@ -27,27 +27,32 @@ def load_backend(name: str) -> type[AttentionBackend]:
 
 def backend_problem(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
                     head_dim: int | None = None, block_size: int | None = None,
-                    kv_cache_dtype: str | None = None) -> str | None:
-    """Why backend `name` cannot serve this device/shape/KV-cache format (None = it can)."""
+                    kv_cache_dtype: str | None = None, logits_soft_cap: bool = False) -> str | None:
+    """Why backend `name` cannot serve this device/shape/KV-cache format, or a model whose attention scores are
+    soft-capped (Gemma 2), (None = it can)."""
     cls = load_backend(name)
-    return (cls.unavailable_reason(torch.device(device).type)
-            or cls.unsupported_reason(dtype=dtype, head_dim=head_dim, block_size=block_size,
-                                      kv_cache_dtype=kv_cache_dtype))
+    reason = (cls.unavailable_reason(torch.device(device).type)
+              or cls.unsupported_reason(dtype=dtype, head_dim=head_dim, block_size=block_size,
+                                        kv_cache_dtype=kv_cache_dtype))
+    if reason is None and logits_soft_cap and not cls.get_impl_cls().supports_logits_soft_cap:
+        reason = "it does not apply attention-logit soft-capping (Gemma 2)"
+    return reason
 
 
 def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
                      head_dim: int | None = None, block_size: int | None = None,
-                     kv_cache_dtype: str | None = None) -> type[AttentionBackend]:
+                     kv_cache_dtype: str | None = None, logits_soft_cap: bool = False) -> type[AttentionBackend]:
     """The backend class for `name` on `device`; the keyword arguments, when given, are checked too.
 
     'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
     is known, only if it is a multiple of 256: below that flash_attn gathers the context every layer),
     else triton if available, else torch; on CPU it takes cpu (torch with a C decode kernel) when that kernel
-    builds, else torch. A backend that cannot read the `kv_cache_dtype` (flash_attn: a quantized cache) is passed
-    over. Naming an unavailable backend raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
+    builds, else torch. A backend that cannot read the `kv_cache_dtype` (flash_attn: a quantized cache), or cannot
+    soft-cap the scores when the model does (`logits_soft_cap`), is passed over. Naming an unavailable backend raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
     (Triton's interpreter, for tests); when not even torch can serve the shape, 'auto' raises too.
     """
-    shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size, kv_cache_dtype=kv_cache_dtype)
+    shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
+                 logits_soft_cap=logits_soft_cap)
     if name == AUTO:
         order = _AUTO_ORDER_CUDA if torch.device(device).type == "cuda" else _AUTO_ORDER_ELSEWHERE
         for candidate in order:

@@ -75,7 +75,7 @@ def compute_inv_freq(rotary_dim: int, rope: RopeConfig, long: bool = False) -> t
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
     if rope.rope_type == "longrope":
         factors = rope.params["long_factor" if long else "short_factor"]
-        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta ** exponents)
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device="cpu") * rope.theta ** exponents)
     inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.params["factor"]
@@ -123,8 +123,8 @@ def _yarn_inv_freq(dim: int, rope: RopeConfig) -> torch.Tensor:
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # a ramp of zero width would divide by zero
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
     keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate
     return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
