@@ -43,11 +43,11 @@ ATOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 def _layer(experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype, device: str = "cpu",
            seed: int = 0) -> FusedMoE:
     layer = FusedMoE(experts, top_k, hidden, inter, renormalize=True, prefix="experts").to(device)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)  # drawn where they live: Qwen3-30B's experts are 600M numbers
     with torch.no_grad():
         # Scaled so that outputs stay O(1) and float16/bfloat16 errors are comparable across shapes.
-        layer.w13_weight.copy_(torch.randn(layer.w13_weight.shape, generator=g) * hidden ** -0.5)
-        layer.w2_weight.copy_(torch.randn(layer.w2_weight.shape, generator=g) * inter ** -0.5)
+        for param, fan_in in ((layer.w13_weight, hidden), (layer.w2_weight, inter)):
+            param.copy_(torch.randn(param.shape, generator=g, device=device) * fan_in ** -0.5)
     return layer.to(dtype)
 
 
@@ -151,10 +151,11 @@ def test_triton_matches_the_eager_loop_on_cuda(shape, dtype):
     weights, ids = layer.route(logits, dtype)
     from vx.models.layers.fused_moe_triton import fused_experts
 
-    got = fused_experts(x, layer.w13_weight, layer.w2_weight, weights, ids)
-    want = layer.forward_loop(x, weights, ids)
-    torch.testing.assert_close(got.float(), want.float(), atol=ATOL[dtype] if dtype == torch.bfloat16 else 1e-4,
-                               rtol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+    got = fused_experts(x, layer.w13_weight, layer.w2_weight, weights, ids).float()
+    want = layer.forward_loop(x, weights, ids).float()
+    # bfloat16: the loop rounds gate and up to bf16 before SiLU-and-mul, the kernel after it (fp32 accumulators).
+    rel = float((got - want).abs().max() / want.abs().max())
+    assert rel <= (2e-2 if dtype == torch.bfloat16 else 1e-5), f"{shape} {dtype}: max error {rel} of max |out|"
 
 
 @pytest.mark.gpu

@@ -89,6 +89,11 @@ class FusedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """The routed experts' outputs, weighted and summed per token (and over the tensor-parallel ranks)."""
         weights, experts = self.route(router_logits, hidden_states.dtype)
+        return self.forward_routed(hidden_states, weights, experts)
+
+    def forward_routed(self, hidden_states: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """The experts given a routing already made (weights and expert ids [T, k]), for families that route
+        otherwise: Triton on CUDA, the loop elsewhere, then the sum over the tensor-parallel ranks."""
         if hidden_states.is_cuda and hidden_states.dtype in _TRITON_DTYPES and _triton_importable():
             from vx.models.layers.fused_moe_triton import fused_experts
 
@@ -107,7 +112,7 @@ class FusedMoE(nn.Module):
         flat_experts = experts.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
         counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
-        token_of = order // self.top_k  # the token each sorted assignment belongs to
+        token_of = order // experts.shape[-1]  # the token each sorted assignment belongs to
         weight_of = weights.reshape(-1)[order]
         out = torch.zeros_like(hidden_states)
         start = 0
