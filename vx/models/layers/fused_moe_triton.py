@@ -107,7 +107,8 @@ def fused_experts(hidden_states: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
                          f"dtype, got {dtype}, {w13.dtype}, {w2.dtype}.")
     if dtype == torch.bfloat16 and hidden_states.device.type == "cpu":
         # Triton 3.9's interpreter multiplies bf16 tiles as raw integers: refuse instead of returning garbage.
-        raise ValueError("triton fused MoE under TRITON_INTERPRET=1 supports float32/float16 only; bfloat16 needs CUDA.")
+        raise ValueError("triton fused MoE under TRITON_INTERPRET=1 supports float32/float16 only; "
+                         "bfloat16 needs CUDA.")
     num_tokens, hidden = hidden_states.shape
     num_experts, two_i, _ = w13.shape
     if w13.shape[2] != hidden or w2.shape != (num_experts, hidden, two_i // 2):
