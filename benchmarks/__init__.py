@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "latency": "batch-1 time to first token (512-token prompt) and decode tokens/s, vx vs llama.cpp and HF generate",
     "greedy_check": "vx's greedy tokens against Hugging Face on the same weights: float32 exact, 16-bit top-1 "
                     "agreement (gpu_check.sh runs it on CUDA)",
+    "fused_moe": "one MoE layer's experts on CUDA: the Triton grouped GEMM vs FusedMoE's eager loop (needs CUDA)",
 }
 
 

@@ -10,7 +10,7 @@ weights one by one; they are stacked per layer as they load.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch import nn
@@ -21,20 +21,23 @@ from vx.models.layers.linear import ReplicatedLinear
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.llama import LlamaModel
 
+if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
+
 # A checkpoint's expert weight: (layer prefix, expert id, projection).
 _EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 _SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
 
 
 class MoEMLP(nn.Module):
-    """Router then experts."""
+    """Router (replicated) then experts (split over the tensor-parallel ranks by intermediate feature)."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
-                 prefix: str) -> None:
+                 prefix: str, tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate")
         self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize,
-                                prefix=f"{prefix}.experts")
+                                prefix=f"{prefix}.experts", tp_group=tp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The top-k experts' weighted outputs for each token of x [T, hidden]."""
@@ -42,15 +45,18 @@ class MoEMLP(nn.Module):
 
 
 class MoECausalLM(CausalLM):
-    """Loading for checkpoints whose experts come one tensor per expert and projection."""
+    """Loading for checkpoints whose experts come one tensor per expert and projection. With a `tp_group`, every
+    layer holds this rank's shard (attention heads, dense and expert intermediate features, vocabulary rows)."""
 
     supports_decode_graphs = False  # the experts' loop reads per-expert counts on the host
     _mlp_name = "mlp"  # what the checkpoint calls a layer's MLP
 
-    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None, mlp_for_layer: Any) -> None:
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None, mlp_for_layer: Any,
+                 tp_group: GroupCoordinator | None = None) -> None:
         if quant_config is not None:
             raise ValueError("Quantized mixture-of-experts checkpoints are not supported yet: load a float one.")
-        super().__init__(hf_config, LlamaModel(hf_config, None, mlp_for_layer=mlp_for_layer))
+        super().__init__(hf_config, LlamaModel(hf_config, None, mlp_for_layer=mlp_for_layer, tp_group=tp_group),
+                         tp_group=tp_group)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Stack each expert's projections into its layer's `FusedMoE`; the rest loads as for Llama."""
@@ -85,7 +91,8 @@ class MoECausalLM(CausalLM):
 class Qwen3MoeForCausalLM(MoECausalLM):
     """Serves Qwen3MoeForCausalLM (Qwen3-30B-A3B and its kin)."""
 
-    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None,
+                 tp_group: GroupCoordinator | None = None) -> None:
         config = hf_config
         dense = set(getattr(config, "mlp_only_layers", None) or ())
         step = int(getattr(config, "decoder_sparse_step", 1) or 1)
@@ -94,9 +101,9 @@ class Qwen3MoeForCausalLM(MoECausalLM):
             if layer_idx in dense or config.num_experts == 0 or (layer_idx + 1) % step:
                 return None
             return MoEMLP(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                          config.moe_intermediate_size, bool(config.norm_topk_prob), prefix)
+                          config.moe_intermediate_size, bool(config.norm_topk_prob), prefix, tp_group)
 
-        super().__init__(hf_config, quant_config, mlp_for_layer)
+        super().__init__(hf_config, quant_config, mlp_for_layer, tp_group)
 
 
 class MixtralForCausalLM(MoECausalLM):
@@ -104,11 +111,12 @@ class MixtralForCausalLM(MoECausalLM):
 
     _mlp_name = "block_sparse_moe"
 
-    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
+    def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None,
+                 tp_group: GroupCoordinator | None = None) -> None:
         config = hf_config
 
         def mlp_for_layer(layer_idx: int, prefix: str) -> nn.Module:
             return MoEMLP(config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
-                          config.intermediate_size, True, prefix)
+                          config.intermediate_size, True, prefix, tp_group)
 
-        super().__init__(hf_config, quant_config, mlp_for_layer)
+        super().__init__(hf_config, quant_config, mlp_for_layer, tp_group)

@@ -17,8 +17,21 @@ def _experts(seed: int = 0) -> list[dict[str, torch.Tensor]]:
              "w2": torch.randn(H, I, generator=g)} for _ in range(E)]
 
 
-def _layer(experts, renormalize=True, tp_size=1, tp_rank=0) -> FusedMoE:
-    layer = FusedMoE(E, K, H, I, renormalize, tp_size=tp_size, tp_rank=tp_rank, prefix="layer.experts")
+class _RecordingGroup:
+    """A stand-in tensor-parallel group of `world_size` ranks: its all-reduce records the partial sum it is given
+    and returns it (the test adds the ranks' partials itself)."""
+
+    def __init__(self, world_size: int, rank_in_group: int) -> None:
+        self.world_size, self.rank_in_group = world_size, rank_in_group
+        self.reduced: list[torch.Tensor] = []
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.reduced.append(x.clone())
+        return x
+
+
+def _layer(experts, renormalize=True, tp_group=None) -> FusedMoE:
+    layer = FusedMoE(E, K, H, I, renormalize, prefix="layer.experts", tp_group=tp_group)
     for e, weights in enumerate(experts):
         for shard, w in weights.items():
             param = layer.w2_weight if shard == "w2" else layer.w13_weight
@@ -64,9 +77,18 @@ def test_tensor_parallel_ranks_split_the_intermediate_dimension_and_sum_to_the_w
     experts = _experts(1)
     x, logits = torch.randn(7, H), torch.randn(7, E)
     whole = _layer(experts)(x, logits)
-    ranks = [_layer(experts, tp_size=2, tp_rank=r) for r in range(2)]
+    groups = [_RecordingGroup(2, r) for r in range(2)]
+    ranks = [_layer(experts, tp_group=group) for group in groups]
     assert ranks[0].w13_weight.shape == (E, I, H) and ranks[0].w2_weight.shape == (E, H, I // 2)
     torch.testing.assert_close(sum(layer(x, logits) for layer in ranks), whole, atol=1e-4, rtol=1e-5)
+    assert [len(group.reduced) for group in groups] == [1, 1]  # one all-reduce per forward, after the top-k sum
+    assert all(group.reduced[0].shape == (7, H) for group in groups)
+
+
+def test_a_split_layer_without_a_group_refuses_to_return_a_partial_sum():
+    layer = FusedMoE(E, K, H, I, True, tp_size=2, tp_rank=0, prefix="layer.experts")
+    with pytest.raises(ValueError, match="without a tp_group"):
+        layer(torch.randn(3, H), torch.randn(3, E))
 
 
 def test_loader_refuses_what_does_not_fit():

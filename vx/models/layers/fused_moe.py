@@ -1,39 +1,57 @@
 """Mixture-of-experts MLP: top-k routing, then every expert runs once on all the tokens routed to it.
 
 The experts' weights are stacked ([E, 2I, H] gate|up and [E, H, I] down), loaded expert by expert from checkpoints
-that name them one by one. A forward sorts the (token, slot) assignments by expert, and each expert with tokens
-multiplies its rows in one matmul pair: a step's cost is one GEMM per active expert, not one per token. Experts
-run in ascending order and their weighted outputs are summed with `index_add_`, as Hugging Face's reference
-does, so float32 results agree to rounding.
+that name them one by one. Two paths compute the experts:
+- CUDA tensors (float32/bfloat16/float16, triton importable): fused_moe_triton.py, two grouped-GEMM launches over
+  expert-sorted blocks (moe_align.py), with no host sync, so the layer can run inside a CUDA graph.
+- otherwise (the CPU's default): sort the (token, slot) assignments by expert, and each expert with tokens
+  multiplies its rows in one matmul pair; experts run in ascending order and their weighted outputs are summed with
+  `index_add_`, as Hugging Face's reference does, so float32 results agree to rounding. This loop reads the
+  per-expert counts on the host, so it runs eagerly.
 
-Tensor parallelism would split each expert along its intermediate dimension (gate|up by rows, down by columns)
-and all-reduce the output, as the row-parallel linear does; the loader already takes a rank's slice. The loop
-reads the per-expert counts on the host, so this layer runs eagerly (no decode graph); a Triton grouped-GEMM path
-for CUDA is not written yet.
+Tensor parallelism splits each expert along its intermediate dimension (gate|up by rows, down by columns): a rank
+computes its partial sum over its slice, and the ranks' outputs are all-reduced once over the `tp_group` after the
+top-k sum, as the row-parallel linear does. The router stays replicated.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+if TYPE_CHECKING:
+    from vx.distributed import GroupCoordinator
+
 _SHARDS = ("w1", "w3", "w2")  # gate, up, down: the names vLLM and Mixtral use
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 class FusedMoE(nn.Module):
     """The experts of one MoE layer: `forward(hidden [T, H], router_logits [T, E]) -> [T, H]`."""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                 renormalize: bool, tp_size: int = 1, tp_rank: int = 0, prefix: str = "") -> None:
+                 renormalize: bool, tp_size: int = 1, tp_rank: int = 0, prefix: str = "",
+                 tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
+        if tp_group is not None:
+            tp_size, tp_rank = tp_group.world_size, tp_group.rank_in_group
         if not 0 < top_k <= num_experts:
             raise ValueError(f"{prefix}: top_k={top_k} for {num_experts} experts.")
         if intermediate_size % tp_size:
             raise ValueError(f"{prefix}: intermediate size {intermediate_size} does not split over {tp_size} ranks.")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.intermediate_per_rank = intermediate_size // tp_size
-        self.tp_rank = tp_rank
+        self.tp_size, self.tp_rank, self.tp_group = tp_size, tp_rank, tp_group
         self.prefix = prefix
         dtype = torch.get_default_dtype()
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate_per_rank, hidden_size,
@@ -69,12 +87,32 @@ class FusedMoE(nn.Module):
         return weights.to(dtype), experts
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """The routed experts' outputs, weighted and summed per token."""
+        """The routed experts' outputs, weighted and summed per token (and over the tensor-parallel ranks)."""
         weights, experts = self.route(router_logits, hidden_states.dtype)
+        return self.forward_routed(hidden_states, weights, experts)
+
+    def forward_routed(self, hidden_states: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """The experts given a routing already made (weights and expert ids [T, k]), for families that route
+        otherwise: Triton on CUDA, the loop elsewhere, then the sum over the tensor-parallel ranks."""
+        if hidden_states.is_cuda and hidden_states.dtype in _TRITON_DTYPES and _triton_importable():
+            from vx.models.layers.fused_moe_triton import fused_experts
+
+            out = fused_experts(hidden_states, self.w13_weight, self.w2_weight, weights, experts)
+        else:
+            out = self.forward_loop(hidden_states, weights, experts)
+        if self.tp_size == 1:
+            return out
+        if self.tp_group is None:
+            # Without the all-reduce the result would be silently partial.
+            raise ValueError(f"{self.prefix}: tp_size={self.tp_size} without a tp_group to sum the ranks over.")
+        return self.tp_group.all_reduce(out)
+
+    def forward_loop(self, hidden_states: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """This rank's experts one matmul pair each, in ascending order (the eager path; reads counts on the host)."""
         flat_experts = experts.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)
         counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
-        token_of = order // self.top_k  # the token each sorted assignment belongs to
+        token_of = order // experts.shape[-1]  # the token each sorted assignment belongs to
         weight_of = weights.reshape(-1)[order]
         out = torch.zeros_like(hidden_states)
         start = 0
