@@ -48,7 +48,11 @@ class MoECausalLM(CausalLM):
     """Loading for checkpoints whose experts come one tensor per expert and projection. With a `tp_group`, every
     layer holds this rank's shard (attention heads, dense and expert intermediate features, vocabulary rows)."""
 
-    supports_decode_graphs = False  # the experts' loop reads per-expert counts on the host
+    @property
+    def supports_decode_graphs(self) -> bool:
+        """On CUDA the experts are Triton kernels with no host read, and CUDA graphs hold them; the CPU's loop reads
+        per-expert counts on the host, which a compiled decode graph cannot."""
+        return all(m.graph_safe() for m in self.modules() if isinstance(m, FusedMoE))
     _mlp_name = "mlp"  # what the checkpoint calls a layer's MLP
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None, mlp_for_layer: Any,

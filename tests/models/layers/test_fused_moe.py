@@ -99,3 +99,15 @@ def test_loader_refuses_what_does_not_fit():
         layer.weight_loader(layer.w13_weight, torch.zeros(I, H + 1), "w3", 0)
     with pytest.raises(ValueError, match="top_k"):
         FusedMoE(E, E + 1, H, I, True)
+
+
+def test_only_the_triton_path_is_graph_safe():
+    """The CPU loop reads per-expert counts on the host, so a MoE model declares no decode graphs there (on CUDA
+    the Triton path has no host read: the gpu tests replay it from a CUDA graph)."""
+    from tests.support.tiny_models import make_tiny_config
+
+    from vx.models.moe import Qwen3MoeForCausalLM
+
+    layer = FusedMoE(4, 2, 16, 8, renormalize=True)
+    assert not layer.graph_safe()
+    assert not Qwen3MoeForCausalLM(make_tiny_config("qwen3_moe")).supports_decode_graphs

@@ -209,11 +209,13 @@ def test_engine_greedy_on_cuda_equals_cpu(tiny_model_dirs, family):
     prompts = [[(7 * i + j) % 300 + 1 for j in range(n)] for i, n in enumerate((1, 5, 17, 40))]
     params = vx.SamplingParams(temperature=0.0, max_tokens=12)
     tokens = {}
-    for device in ("cpu", "cuda"):
-        llm = vx.LLM(tiny_model_dirs[family], dtype="float32", device=device, attention_backend="torch")
-        tokens[device] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+    # "cuda, graphs": triton attention, and the MoE layers inside the decode steps' CUDA graphs.
+    for name, device, backend in (("cpu", "cpu", "torch"), ("cuda", "cuda", "torch"), ("cuda, graphs", "cuda", "auto")):
+        llm = vx.LLM(tiny_model_dirs[family], dtype="float32", device=device, attention_backend=backend)
+        tokens[name] = [out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
         llm.shutdown()
     assert tokens["cuda"] == tokens["cpu"]
+    assert tokens["cuda, graphs"] == tokens["cpu"]
 
 
 if __name__ == "__main__" and "--interpret-worker" in sys.argv:

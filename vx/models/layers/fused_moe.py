@@ -91,6 +91,11 @@ class FusedMoE(nn.Module):
         weights, experts = self.route(router_logits, hidden_states.dtype)
         return self.forward_routed(hidden_states, weights, experts)
 
+    def graph_safe(self) -> bool:
+        """Whether a forward reads nothing back to the host, so a CUDA graph can hold it: the Triton path only."""
+        weight = self.w13_weight
+        return weight.is_cuda and weight.dtype in _TRITON_DTYPES and _triton_importable()
+
     def forward_routed(self, hidden_states: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """The experts given a routing already made (weights and expert ids [T, k]), for families that route
         otherwise: Triton on CUDA, the loop elsewhere, then the sum over the tensor-parallel ranks."""
