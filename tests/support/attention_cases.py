@@ -46,11 +46,12 @@ class AttnCase:
     window: int | None
     kv_cache_dtype: str = "auto"
     float_cache: torch.Tensor | None = None  # a quantized case's cache before quantization
+    soft_cap: float | None = None  # Gemma 2's attention-logit soft cap, when the case has one
 
 
 def make_case(computed: list[int], new: list[int], heads: tuple[int, int], head_dim: int, block_size: int,
               dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", window: int | None = None,
-              pad: int = 3, seed: int = 0, kv_cache_dtype: str = "auto") -> AttnCase:
+              pad: int = 3, seed: int = 0, kv_cache_dtype: str = "auto", soft_cap: float | None = None) -> AttnCase:
     """Random q/k/v and a cache holding each request's first `computed` tokens; tables are shuffled.
 
     The data do not depend on `kv_cache_dtype`: it only says how the cache stores them.
@@ -74,7 +75,8 @@ def make_case(computed: list[int], new: list[int], heads: tuple[int, int], head_
     v = torch.randn(t, hk * head_dim, generator=gen).to(dtype)
     k[common.num_actual_tokens:] = 99.0  # padding rows must never reach the cache
     v[common.num_actual_tokens:] = 99.0
-    case = AttnCase(common, q.to(device), k.to(device), v.to(device), cache.to(device), h, hk, head_dim, window)
+    case = AttnCase(common, q.to(device), k.to(device), v.to(device), cache.to(device), h, hk, head_dim, window,
+                    soft_cap=soft_cap)
     fmt = kv_cache_format(kv_cache_dtype)
     if fmt.quantized:
         case.kv_cache_dtype, case.float_cache = kv_cache_dtype, case.cache
@@ -106,7 +108,8 @@ def run_backend(backend: type[AttentionBackend], case: AttnCase) -> tuple[torch.
     """(output [T, H*D], cache after the step) of `backend` on a copy of the case's cache."""
     cache = case.cache.clone()
     impl = backend.get_impl_cls()(case.num_heads, case.head_dim, 1 / math.sqrt(case.head_dim),
-                                  case.num_kv_heads, sliding_window=case.window, kv_cache_dtype=case.kv_cache_dtype)
+                                  case.num_kv_heads, sliding_window=case.window, kv_cache_dtype=case.kv_cache_dtype,
+                                  logits_soft_cap=case.soft_cap)
     md = backend.build_metadata(case.common)
     out = impl.forward(None, case.q, case.k, case.v, cache, md)
     return out, cache

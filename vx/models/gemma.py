@@ -2,8 +2,8 @@
 attention and the MLP, GELU (tanh) gating, embeddings scaled by sqrt(hidden) and tied to the LM head, queries scaled
 by `query_pre_attn_scalar`, final logit soft-capping where the config sets it.
 
-Gemma 2 soft-caps the attention scores too (`attn_logit_softcapping`, applied by the torch and cpu backends; its
-decode runs eagerly, since the CPU decode kernel does not cap). Gemma 3 instead normalises q and k per head and
+Gemma 2 soft-caps the attention scores too (`attn_logit_softcapping`, applied by the torch, cpu and triton
+backends; its decode runs eagerly, since the CPU decode kernel does not cap). Gemma 3 instead normalises q and k per head and
 gives each layer kind its own rotary (base 10k on sliding layers, 1M, maybe scaled, on global ones). Gemma's
 RMSNorm stores its weight as an offset from 1 (`GemmaRMSNorm`).
 """

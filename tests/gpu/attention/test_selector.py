@@ -144,14 +144,17 @@ def test_new_output_zeroes_padding_rows_only():
 
 
 def test_soft_capped_models_pass_over_backends_that_cannot_cap(monkeypatch):
-    """Gemma 2 on CUDA: 'auto' skips triton (it does not soft-cap the scores) for torch, and naming triton says why;
-    on the GPU, 'auto' picked triton and the model refused to build."""
-    from vx.gpu.attention.torch_backend import TorchAttentionBackend
+    """Gemma 2 on CUDA: 'auto' skips flash_attn (vx does not pass it the soft cap) for triton, and naming flash_attn
+    says why. Before, 'auto' picked a backend that refused the model when its layers were built."""
+    from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
     from vx.gpu.attention.triton_backend import TritonAttentionBackend
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(FlashAttnBackend, "unavailable_reason", staticmethod(lambda device: None))
     monkeypatch.setattr(TritonAttentionBackend, "unavailable_reason", staticmethod(lambda device: None))
-    shape = dict(dtype=torch.float32, head_dim=64, block_size=16)
-    assert get_attn_backend("auto", "cuda", **shape) is TritonAttentionBackend
-    assert get_attn_backend("auto", "cuda", **shape, logits_soft_cap=True) is TorchAttentionBackend
-    with pytest.raises(ValueError, match="triton'? is unavailable: it does not apply attention-logit soft-capping"):
-        get_attn_backend("triton", "cuda", **shape, logits_soft_cap=True)
+    shape = dict(dtype=torch.bfloat16, head_dim=128, block_size=256)
+    assert get_attn_backend("auto", "cuda", **shape) is FlashAttnBackend
+    assert get_attn_backend("auto", "cuda", **shape, logits_soft_cap=True) is TritonAttentionBackend
+    with pytest.raises(ValueError, match="flash_attn'? is unavailable: it does not apply attention-logit soft-capping"):
+        get_attn_backend("flash_attn", "cuda", **shape, logits_soft_cap=True)

@@ -167,7 +167,7 @@ def test_selector():
 
 
 def test_backends_without_soft_capping_refuse_a_capped_layer():
-    from vx.gpu.attention.triton_backend import TritonAttentionBackend
+    from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
 
     with pytest.raises(ValueError, match="soft-capping"):
-        TritonAttentionBackend.get_impl_cls()(4, 16, 0.25, 2, logits_soft_cap=50.0)
+        FlashAttnBackend.get_impl_cls()(4, 16, 0.25, 2, logits_soft_cap=50.0)

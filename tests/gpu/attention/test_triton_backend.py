@@ -54,15 +54,23 @@ QUANT_CASES = {f"{base}_{kv}": (base, kv) for kv in ("fp8_e4m3", "int8")
                for base in ("prefill_gqa", "decode_gqa", "mixed_chunked_gqa", "window_gqa", "head_dim64_gqa",
                             "float16_mixed")}
 
+# name: (a CASES entry, soft cap): Gemma 2's capped scores; a cap of 1 bends every score of these random inputs.
+SOFT_CAP_CASES = {f"{base}_soft_cap": (base, 1.0) for base in ("prefill_gqa", "mixed_chunked_gqa", "window_gqa")}
 
-def _case(name: str, kv_cache_dtype: str = "auto"):
+
+def _case(name: str, kv_cache_dtype: str = "auto", soft_cap: float | None = None):
     computed, new, heads, head_dim, block_size, window, dtype, pad = CASES[name]
     return make_case(computed, new, heads, head_dim, block_size, dtype=dtype, window=window, pad=pad,
-                     seed=len(name), kv_cache_dtype=kv_cache_dtype)
+                     seed=len(name), kv_cache_dtype=kv_cache_dtype, soft_cap=soft_cap)
 
 
 def _run_case(name: str) -> float:
     return compare(TritonAttentionBackend, TorchAttentionBackend, _case(name))
+
+
+def _run_soft_cap_case(name: str) -> float:
+    base, cap = SOFT_CAP_CASES[name]
+    return compare(TritonAttentionBackend, TorchAttentionBackend, _case(base, soft_cap=cap))
 
 
 def _run_quant_case(name: str) -> list[float]:
@@ -120,6 +128,7 @@ def _worker() -> None:
     results: dict[str, float | list[float] | str] = {}
     checks: dict[str, Any] = {name: (lambda n=name: _run_case(n)) for name in CASES}
     checks.update({name: (lambda n=name: _run_quant_case(n)) for name in QUANT_CASES})
+    checks.update({name: (lambda n=name: _run_soft_cap_case(n)) for name in SOFT_CAP_CASES})
     checks["bf16_refused"] = _bf16_refused
     checks["fp8_codes"] = _fp8_codes_decode
     checks["decode_graph_metadata"] = _decode_graph_metadata
@@ -147,6 +156,14 @@ def test_interpreter_matches_torch(interpreter_results, name):
     assert not isinstance(res, str), res
     tol = ATOL[CASES[name][6]] if name in CASES else 0.0
     assert res <= tol, f"{name}: max abs error {res}"
+
+
+@pytest.mark.parametrize("name", sorted(SOFT_CAP_CASES))
+def test_interpreter_soft_capped_scores_match_torch(interpreter_results, name):
+    """Gemma 2's soft cap in the kernel (scores -> cap * tanh(scores / cap)) gives torch's output."""
+    res = interpreter_results[name]
+    assert not isinstance(res, str), res
+    assert res <= ATOL[F32], f"{name}: {res}"
 
 
 @pytest.mark.parametrize("name", sorted(QUANT_CASES))
@@ -229,6 +246,15 @@ def test_triton_matches_torch_on_cuda(shape, heads, head_dim, window, dtype):
     computed, new = GPU_SHAPES[shape]
     case = make_case(computed, new, heads, head_dim, 16, dtype=dtype, device="cuda", window=window, pad=5)
     assert get_attn_backend("triton", "cuda", dtype=dtype, head_dim=head_dim) is TritonAttentionBackend
+    err = compare(TritonAttentionBackend, TorchAttentionBackend, case)
+    assert err <= (3e-2 if dtype == torch.bfloat16 else 1e-3), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_soft_caps_scores_on_cuda(dtype):
+    computed, new = GPU_SHAPES["mixed"]
+    case = make_case(computed, new, (8, 4), 256, 16, dtype=dtype, device="cuda", window=64, pad=5, soft_cap=2.0)
     err = compare(TritonAttentionBackend, TorchAttentionBackend, case)
     assert err <= (3e-2 if dtype == torch.bfloat16 else 1e-3), err
 

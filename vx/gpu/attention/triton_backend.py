@@ -179,6 +179,8 @@ def _row_major(x: torch.Tensor, rows: int, width: int) -> torch.Tensor:
 class TritonAttentionImpl(AttentionImpl):
     """Per-layer forward of the triton backend."""
 
+    supports_logits_soft_cap = True
+
     def forward(self, layer: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: TritonAttentionMetadata | DecodeGraphMetadata) -> torch.Tensor:
         """Write k/v at the step's slots, then one unified attention launch for all requests."""
@@ -228,18 +230,21 @@ class TritonAttentionImpl(AttentionImpl):
         cfg = tile_config(h, hk, d, compute_dtype, md.max_query_len <= 1)
         tile_req, tile_q0 = md.tiles(cfg.block_q)
         window = self.sliding_window
+        soft_cap = self.logits_soft_cap
+        # log2(e) turns the softmax's exp into exp2; with a soft cap the kernel applies it after the cap.
+        qk_scale = self.scale * fmt.tensor_scale * (1.0 if soft_cap is not None else math.log2(math.e))
         kern.paged_attention_kernel[(tile_req.numel(), hk)](
             q, key_cache, value_cache, out, k_scales, v_scales, tile_req, tile_q0,
             md.query_start_loc, md.seq_lens, md.block_table,
-            self.scale * fmt.tensor_scale * math.log2(math.e), fmt.tensor_scale,
-            window if window is not None else 0,
+            qk_scale, fmt.tensor_scale,
+            window if window is not None else 0, float(soft_cap) if soft_cap is not None else 0.0,
             q.stride(0), d, out.stride(0), d, slot_stride, width, md.block_table.stride(0),
             slot_stride // 4, width // 4, d // 4,
             GROUP=h // hk, GROUP_PAD=cfg.group_pad, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, HEAD_DIM=d, HEAD_DIM_PAD=cfg.head_dim_pad, KV_BLOCK_SIZE=md.block_size,
             USE_WINDOW=window is not None,
             DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
-            KV_KIND=kind, num_warps=cfg.num_warps)
+            KV_KIND=kind, SOFT_CAP=soft_cap is not None, num_warps=cfg.num_warps)
         return out
 
     def _graph_metadata(self, md: DecodeGraphMetadata, block_size: int) -> TritonAttentionMetadata:

@@ -57,14 +57,14 @@ def paged_attention_kernel(
     k_scale_ptr, v_scale_ptr,
     tile_req_ptr, tile_q0_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_table_ptr,
-    qk_scale, out_scale, window,
+    qk_scale, out_scale, window, soft_cap,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_cache_slot, stride_cache_head, stride_bt_req,
     stride_scale_slot, stride_scale_head, scale_offset,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_KIND: tl.constexpr,
+    KV_KIND: tl.constexpr, SOFT_CAP: tl.constexpr,
 ):
     """Causal attention of up to BLOCK_Q query tokens of one request, for all query heads of one kv head.
 
@@ -77,6 +77,8 @@ def paged_attention_kernel(
     KV_KIND: 0 the model dtype, 1 float8 e4m3 codes, 2 int8 codes with a float32 scale per row (k/v_scale_ptr: the
     caches as float32, a row's scale at slot * stride_scale_slot + head * stride_scale_head + scale_offset).
     out_scale multiplies the output (a quantized cache's per-tensor V scale; its K scale is inside qk_scale).
+    SOFT_CAP (Gemma 2): the scaled scores x become soft_cap * tanh(x / soft_cap) before the softmax; qk_scale then
+    holds the scale alone, and log2(e) is applied after the cap.
     """
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -129,6 +131,9 @@ def paged_attention_kernel(
             k_row_scale = tl.load(k_scale_base + slot * stride_scale_slot, mask=n_ok, other=0.0)
             k = (k.to(tl.float32) * k_row_scale[None, :]).to(q.dtype)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if SOFT_CAP:
+            # tanh(y) = 1 - 2 / (exp(2y) + 1): exact at both ends in float32 (exp overflows to inf -> 1).
+            s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0)) * 1.4426950408889634
         visible = n_ok[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
