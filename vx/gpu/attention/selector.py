@@ -13,6 +13,7 @@ from vx.gpu.attention.backend import AttentionBackend
 # the cpu backend (torch with a C decode kernel).
 _AUTO_ORDER_CUDA = ("flash_attn", "triton")
 _AUTO_ORDER_ELSEWHERE = ("cpu",)
+MLA = "mla"  # the one backend of multi-head latent attention models
 
 
 def load_backend(name: str) -> type[AttentionBackend]:
@@ -37,7 +38,7 @@ def backend_problem(name: str, device: str | torch.device, *, dtype: torch.dtype
 
 def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
                      head_dim: int | None = None, block_size: int | None = None,
-                     kv_cache_dtype: str | None = None) -> type[AttentionBackend]:
+                     kv_cache_dtype: str | None = None, mla: bool = False) -> type[AttentionBackend]:
     """The backend class for `name` on `device`; the keyword arguments, when given, are checked too.
 
     'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
@@ -46,8 +47,21 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
     builds, else torch. A backend that cannot read the `kv_cache_dtype` (flash_attn: a quantized cache) is passed
     over. Naming an unavailable backend raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
     (Triton's interpreter, for tests); when not even torch can serve the shape, 'auto' raises too.
+
+    A multi-head latent attention model (`mla`, DeepSeek-V2) caches latent rows, which only the 'mla' backend reads:
+    'auto' picks it, any other name is refused, and 'mla' is refused for every other model.
     """
     shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size, kv_cache_dtype=kv_cache_dtype)
+    if mla or name == MLA:
+        if not mla:
+            raise ValueError("attention_backend='mla' serves multi-head latent attention models (DeepSeek-V2) only.")
+        if name not in (AUTO, MLA):
+            raise ValueError(f"attention_backend={name!r} cannot serve a multi-head latent attention model "
+                             "(DeepSeek-V2): its cache holds latent rows; use 'auto' or 'mla'.")
+        reason = backend_problem(MLA, device, **shape)
+        if reason is not None:
+            raise ValueError(f"attention_backend={name!r} is unavailable: {reason}.")
+        return load_backend(MLA)
     if name == AUTO:
         order = _AUTO_ORDER_CUDA if torch.device(device).type == "cuda" else _AUTO_ORDER_ELSEWHERE
         for candidate in order:
