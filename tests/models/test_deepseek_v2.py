@@ -64,6 +64,7 @@ def test_dense_and_sparse_layers():
     (dict(topk_method="noaux_tc"), "topk_method='noaux_tc'"),
     (dict(n_group=3), "n_group=3"),
     (dict(topk_group=5), "topk_group=5"),
+    (dict(scoring_func="sigmoid"), "scoring_func='sigmoid'"),
 ])
 def test_unsupported_configs_are_refused_by_name(overrides, match):
     with torch.device("meta"), pytest.raises(ValueError, match=match):

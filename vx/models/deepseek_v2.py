@@ -12,7 +12,8 @@ experts (`vx.models.layers.grouped_topk` routing through `FusedMoE`) plus `n_sha
 every token runs, added.
 
 Refused by name: quantized checkpoints, `norm_topk_prob` (Hugging Face's DeepseekV2 ignores it, DeepSeek's own code
-renormalises: no one reference to be equal to), topk methods other than greedy / group_limited_greedy.
+renormalises: no one reference to be equal to), topk methods other than greedy / group_limited_greedy, a
+`scoring_func` other than softmax.
 """
 
 from __future__ import annotations
@@ -207,6 +208,9 @@ def _check_config(config: Any, quant_config: QuantizationConfig | None) -> None:
         raise ValueError("norm_topk_prob=True is not supported for DeepseekV2ForCausalLM: Hugging Face's DeepseekV2 "
                          "ignores it and DeepSeek's code renormalises the top-k weights, so there is no one "
                          "reference to match.")
+    scoring = getattr(config, "scoring_func", "softmax") or "softmax"
+    if scoring != "softmax":
+        raise ValueError(f"scoring_func={scoring!r} is not supported for DeepseekV2ForCausalLM (softmax only).")
     if config.qk_rope_head_dim % 2:
         raise ValueError(f"qk_rope_head_dim={config.qk_rope_head_dim} must be even (it rotates pairs).")
     if getattr(config, "num_key_value_heads", config.num_attention_heads) != config.num_attention_heads:
