@@ -18,8 +18,10 @@ BACKEND_CLASSES: Mapping[str, str] = MappingProxyType({
     "cpu": "vx.gpu.attention.cpu_backend:CpuAttentionBackend",
     "triton": "vx.gpu.attention.triton_backend:TritonAttentionBackend",
     "flash_attn": "vx.gpu.attention.flash_attn_backend:FlashAttnBackend",
+    "mla": "vx.gpu.attention.mla_backend:MLAAttentionBackend",
 })
-"""Backend name -> "module:class" of its `AttentionBackend`."""
+"""Backend name -> "module:class" of its `AttentionBackend`. "mla" serves multi-head latent attention models
+(DeepSeek-V2) and only those; 'auto' picks it for them."""
 
 ATTENTION_BACKEND_NAMES: tuple[str, ...] = (AUTO, *BACKEND_CLASSES)
 """Every value `attention_backend=` accepts."""

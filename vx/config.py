@@ -58,15 +58,37 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         return hf_head_dim(self.hf_config)
 
     @property
+<<<<<<< HEAD
     def attn_logits_soft_cap(self) -> float | None:
         """Gemma 2's cap on attention scores (scores -> cap * tanh(scores / cap)); None: not capped."""
         cap = getattr(self.hf_config, "attn_logit_softcapping", None)
         return float(cap) if cap is not None else None
+=======
+    def is_mla(self) -> bool:
+        """Whether the model's attention is Multi-head Latent Attention (DeepSeek-V2): see `hf_kv_cache_dims`."""
+        return hf_is_mla(self.hf_config)
+>>>>>>> i16-mla
 
 
 def hf_num_kv_heads(hf_config: Any) -> int:
     """Key/value heads of a Hugging Face config: num_key_value_heads, else num_attention_heads (no GQA)."""
     return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def hf_is_mla(hf_config: Any) -> bool:
+    """Whether a Hugging Face config describes Multi-head Latent Attention (it sets `kv_lora_rank`)."""
+    return getattr(hf_config, "kv_lora_rank", None) is not None
+
+
+def hf_kv_cache_dims(hf_config: Any) -> tuple[int, int]:
+    """(heads, row width) of one token's KV-cache entry per layer.
+
+    Most models cache num_kv_heads keys and values of head_dim each; MLA caches one latent row per token, the
+    compressed kv (kv_lora_rank) followed by the shared rotary key part (qk_rope_head_dim), and no separate value.
+    """
+    if hf_is_mla(hf_config):
+        return 1, int(hf_config.kv_lora_rank) + int(hf_config.qk_rope_head_dim)
+    return hf_num_kv_heads(hf_config), hf_head_dim(hf_config)
 
 
 def hf_head_dim(hf_config: Any) -> int:

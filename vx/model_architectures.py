@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 MODEL_CLASSES: Mapping[str, str] = MappingProxyType({
+    "DeepseekV2ForCausalLM": "vx.models.deepseek_v2:DeepseekV2ForCausalLM",
     "Gemma2ForCausalLM": "vx.models.gemma:Gemma2ForCausalLM",
     "Gemma3ForCausalLM": "vx.models.gemma:Gemma3ForCausalLM",
     "LlamaForCausalLM": "vx.models.llama:LlamaForCausalLM",

@@ -34,6 +34,32 @@ def test_bytes_per_block_from_vx_or_hf_config():
         bytes_per_block(vx_like, 16, "int3")
 
 
+def test_bytes_per_block_of_mla_counts_the_latent_row():
+    """DeepSeek-V2-Lite's shape: (kv_lora_rank 512 + qk_rope_head_dim 64) values per token and layer, one row (no
+    K/V pair, not per head), in the model dtype."""
+    from transformers import DeepseekV2Config
+
+    from vx.gpu.attention.mla_backend import MLAAttentionBackend
+
+    lite = DeepseekV2Config(num_hidden_layers=27, hidden_size=2048, num_attention_heads=16, q_lora_rank=None,
+                            kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
+    assert bytes_per_block(lite, 16, "bfloat16", MLAAttentionBackend) == 27 * 16 * (512 + 64) * 2
+    assert bytes_per_block(lite, 16, "float32", MLAAttentionBackend) == 27 * 16 * (512 + 64) * 4
+
+
+def test_mla_layers_bind_to_the_mla_backend_only():
+    from vx.gpu.attention.mla_backend import MLAAttentionBackend
+    from vx.models.layers.mla import MLAAttention
+
+    mla = nn.ModuleList([MLAAttention(4, 32, 16, 16, 16, 0.2, nn.Linear(32, 4 * 32, bias=False), layer_idx=0)])
+    caches = bind_kv_caches(mla, MLAAttentionBackend, 5, 4, torch.float32, "cpu")
+    assert [tuple(c.shape) for c in caches] == [(5, 4, 1, 48)]
+    with pytest.raises(ValueError, match="multi-head latent attention"):
+        bind_kv_caches(mla, TorchAttentionBackend, 5, 4, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="multi-head latent attention"):
+        bind_kv_caches(_TwoLayer(), MLAAttentionBackend, 5, 4, torch.float32, "cpu")
+
+
 @pytest.mark.parametrize("model_dtype,auto_bytes", [("float32", 4), ("bfloat16", 2)])
 def test_bytes_per_block_of_a_quantized_cache(model_dtype, auto_bytes):
     """An 8-bit cache stores a row in head_dim bytes (int8: plus its 4-byte scale) whatever the model dtype: the same

@@ -124,6 +124,23 @@ def test_kv_cache_bytes_per_block(config):
     assert len(runner.kv_caches) == mc.num_layers
 
 
+def test_mla_kv_cache_holds_one_latent_row_per_token(tiny_model_dirs):
+    """A DeepSeek-V2 model's cache: per token per layer kv_lora_rank + qk_rope_head_dim values in the model dtype, not
+    num_heads keys and values; what the runner allocates is what the sizing counted."""
+    config = EngineArgs(model=tiny_model_dirs["deepseek_v2"], dtype="float32", device="cpu", max_model_len=64,
+                        block_size=BS, num_kv_blocks=40, max_num_seqs=4).create_config()
+    runner = make_runner(config)
+    hf = config.model_config.hf_config
+    row_bytes = (hf.kv_lora_rank + hf.qk_rope_head_dim) * 4  # float32
+    assert runner.attn_backend.get_name() == "mla"
+    assert runner.kv_cache_bytes_per_block() == hf.num_hidden_layers * BS * row_bytes
+    assert len(runner.kv_caches) == hf.num_hidden_layers
+    for cache in runner.kv_caches:
+        assert cache.numel() * cache.element_size() == 40 * BS * row_bytes
+    full_kv = 2 * hf.num_attention_heads * (hf.qk_nope_head_dim + hf.qk_rope_head_dim) * 4
+    assert row_bytes < full_kv / 4  # 192 bytes a token and layer instead of 1,024
+
+
 # ----------------------------------------------------------------------------------------------- pooling requests
 @pytest.fixture(scope="module")
 def hf_hidden(hf_model) -> torch.Tensor:

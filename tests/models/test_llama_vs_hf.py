@@ -1,4 +1,4 @@
-"""vx's Llama-family model through the paged torch backend equals Hugging Face in float32."""
+"""vx's models through the paged torch backend (the mla backend for DeepSeek-V2) equal Hugging Face in float32."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 from tests.support.paged_attention import PagedRunner
 from tests.support.tiny_models import FAMILIES
 
+from vx.config import hf_is_mla
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.kv_cache import bind_kv_caches
 
@@ -27,7 +28,7 @@ def _hf_logits(hf_model, tokens: list[int]) -> torch.Tensor:
 
 def _runner(tiny, load_vx_model, dtype=torch.float32) -> PagedRunner:
     model = load_vx_model(tiny, dtype)
-    backend = get_attn_backend("auto", "cpu")
+    backend = get_attn_backend("auto", "cpu", mla=hf_is_mla(tiny.config))
     bind_kv_caches(model, backend, NUM_BLOCKS, BLOCK_SIZE, dtype, "cpu")
     return PagedRunner(model, backend, NUM_BLOCKS, BLOCK_SIZE)
 

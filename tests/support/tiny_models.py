@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
-FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3", "gemma2", "gemma3", "qwen3_moe", "mixtral")
+FAMILIES = ("llama", "llama3_tied", "mistral", "qwen2", "qwen3", "qwen3_yarn", "phi3", "gemma2", "gemma3", "qwen3_moe",
+            "mixtral", "deepseek_v2", "deepseek_v2_qlora_yarn")
 # The families every engine-level test runs (a session fixture each): one per model class and weight layout.
-ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe", "mixtral")
+ENGINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "qwen3_moe", "mixtral",
+                   "deepseek_v2")
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -68,17 +70,38 @@ _FAMILY_OVERRIDES: dict[str, dict[str, Any]] = {
                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    # DeepSeek-V2-Lite's shape scaled down: MLA without a q low-rank (kv_lora_rank 32, rope 16, nope 16, v 16, 4
+    # heads), a dense first layer (first_k_dense_replace=1), then 8 routed experts in 4 groups (top 3 of the best 2
+    # groups: unlike a top 2, that differs from a plain top 3 whenever the best 3 span 3 groups), a shared expert and
+    # a routed scaling factor.
+    "deepseek_v2": dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                        qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+                        num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
+                        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+                        first_k_dense_replace=1, norm_topk_prob=False,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # DeepSeek-V2's full form: a q low-rank (q_a_proj, q_a_layernorm, q_b_proj), biases, plain greedy top-k, and YaRN
+    # with mscale / mscale_all_dim over a short original context (the softmax scale takes mscale^2).
+    "deepseek_v2_qlora_yarn": dict(
+        num_hidden_layers=2, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=2, topk_method="greedy", routed_scaling_factor=1.0, first_k_dense_replace=1,
+        attention_bias=True, max_position_embeddings=256, norm_topk_prob=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+                         "mscale": 0.707, "mscale_all_dim": 0.707}),
 }
 
 
 def make_tiny_config(family: str, **overrides: Any) -> Any:
     """The transformers config of a tiny model of `family` (see FAMILIES)."""
-    from transformers import (Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config,
-                              Qwen3Config, Qwen3MoeConfig)
+    from transformers import (DeepseekV2Config, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig,
+                              Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
     classes = {"llama": LlamaConfig, "llama3_tied": LlamaConfig, "mistral": MistralConfig,
                "qwen2": Qwen2Config, "qwen3": Qwen3Config, "qwen3_yarn": Qwen3Config, "phi3": Phi3Config,
-               "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig}
+               "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
+               "deepseek_v2": DeepseekV2Config, "deepseek_v2_qlora_yarn": DeepseekV2Config}
     if family not in classes:
         raise ValueError(f"Unknown tiny model family {family!r}; choose from {FAMILIES}.")
     kwargs = {**_COMMON, **_FAMILY_OVERRIDES[family], **overrides}

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.config import hf_head_dim, hf_num_kv_heads
+from vx.config import hf_kv_cache_dims
 from vx.gpu.attention.backend import AttentionBackend
 from vx.gpu.attention.kv_format import KVCacheFormat, kv_cache_format
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
@@ -21,10 +21,13 @@ from vx.platform import torch_dtype
 
 
 def _model_dims(model_config: Any) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) from a vx ModelConfig or a Hugging Face config."""
-    if hasattr(model_config, "num_layers"):
+    """(num_layers, cache heads, cache row width) from a vx ModelConfig or a Hugging Face config: num_kv_heads and
+    head_dim, or for MLA one latent row of kv_lora_rank + qk_rope_head_dim (`vx.config.hf_kv_cache_dims`)."""
+    hf_config = getattr(model_config, "hf_config", None)
+    if hf_config is None and hasattr(model_config, "num_layers"):  # plain dims (tests, tools)
         return int(model_config.num_layers), int(model_config.num_kv_heads), int(model_config.head_dim)
-    return int(model_config.num_hidden_layers), hf_num_kv_heads(model_config), hf_head_dim(model_config)
+    hf_config = model_config if hf_config is None else hf_config
+    return (int(hf_config.num_hidden_layers), *hf_kv_cache_dims(hf_config))
 
 
 def bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype | str,
@@ -67,6 +70,11 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
     layers = attention_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no vx Attention layers to bind a KV cache to.")
+    for layer in layers:
+        if layer.is_mla != backend.is_mla:
+            raise ValueError(f"Attention layer {layer.layer_idx} is {'' if layer.is_mla else 'not '}multi-head latent "
+                             f"attention, and the {backend.get_name()!r} attention backend serves "
+                             f"{'only' if backend.is_mla else 'no'} such layers.")
     fmt = kv_cache_format(kv_cache_dtype)
     cache_dtype = fmt.cache_dtype(torch_dtype(dtype))
     impl_cls = backend.get_impl_cls()

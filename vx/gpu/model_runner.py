@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.config import VxConfig, checkpoint_quantization_config
+from vx.config import VxConfig, checkpoint_quantization_config, hf_kv_cache_dims
 from vx.gpu.attention import get_attn_backend
 from vx import envs
 from vx.gpu.attention.backend import CommonAttentionMetadata
@@ -42,7 +42,8 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.attn_backend = get_attn_backend(
             config.device_config.attention_backend, device.type, dtype=self.dtype,
-            block_size=self.block_size, head_dim=config.model_config.head_dim, kv_cache_dtype=self.kv_cache_dtype,
+            block_size=self.block_size, head_dim=hf_kv_cache_dims(config.model_config.hf_config)[1],
+            kv_cache_dtype=self.kv_cache_dtype, mla=config.model_config.is_mla,
             logits_soft_cap=config.model_config.attn_logits_soft_cap is not None)
         self.kv_caches: list[torch.Tensor] = []
         self.kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()  # empty: one group, every layer in full

@@ -20,7 +20,9 @@ from vx.gpu.attention.backend import slot_views
 def test_each_registered_backend_loads_under_its_name(name):
     cls = load_backend(name)
     assert issubclass(cls, AttentionBackend) and cls.get_name() == name
-    assert cls.get_kv_cache_shape(3, 4, 2, 8) == (2, 3, 4, 2, 8)
+    # Keys and values; MLA caches one latent row per token instead.
+    assert cls.get_kv_cache_shape(3, 4, 2, 8) == ((3, 4, 2, 8) if cls.is_mla else (2, 3, 4, 2, 8))
+    assert cls.is_mla == (name == "mla")
 
 
 def test_unknown_name_lists_the_registry():

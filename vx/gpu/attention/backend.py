@@ -136,6 +136,9 @@ class AttentionBackend(ABC):
     backend that runs wherever torch does, for any shape, straight from a cache in the model dtype.
     """
 
+    # Whether it serves multi-head latent attention layers (and only those): their cache is one latent row per token.
+    is_mla = False
+
     @staticmethod
     @abstractmethod
     def get_name() -> str:

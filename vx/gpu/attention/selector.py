@@ -13,6 +13,7 @@ from vx.gpu.attention.backend import AttentionBackend
 # the cpu backend (torch with a C decode kernel).
 _AUTO_ORDER_CUDA = ("flash_attn", "triton")
 _AUTO_ORDER_ELSEWHERE = ("cpu",)
+MLA = "mla"  # the one backend of multi-head latent attention models
 
 
 def load_backend(name: str) -> type[AttentionBackend]:
@@ -41,18 +42,33 @@ def backend_problem(name: str, device: str | torch.device, *, dtype: torch.dtype
 
 def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,
                      head_dim: int | None = None, block_size: int | None = None,
-                     kv_cache_dtype: str | None = None, logits_soft_cap: bool = False) -> type[AttentionBackend]:
+                     kv_cache_dtype: str | None = None, logits_soft_cap: bool = False,
+                     mla: bool = False) -> type[AttentionBackend]:
     """The backend class for `name` on `device`; the keyword arguments, when given, are checked too.
 
     'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
     is known, only if it is a multiple of 256: below that flash_attn gathers the context every layer),
     else triton if available, else torch; on CPU it takes cpu (torch with a C decode kernel) when that kernel
     builds, else torch. A backend that cannot read the `kv_cache_dtype` (flash_attn: a quantized cache), or cannot
-    soft-cap the scores when the model does (`logits_soft_cap`), is passed over. Naming an unavailable backend raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
+    soft-cap the scores when the model does (`logits_soft_cap`), is passed over. Naming an unavailable backend
+    raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
     (Triton's interpreter, for tests); when not even torch can serve the shape, 'auto' raises too.
+
+    A multi-head latent attention model (`mla`, DeepSeek-V2) caches latent rows, which only the 'mla' backend reads:
+    'auto' picks it, any other name is refused, and 'mla' is refused for every other model.
     """
     shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
                  logits_soft_cap=logits_soft_cap)
+    if mla or name == MLA:
+        if not mla:
+            raise ValueError("attention_backend='mla' serves multi-head latent attention models (DeepSeek-V2) only.")
+        if name not in (AUTO, MLA):
+            raise ValueError(f"attention_backend={name!r} cannot serve a multi-head latent attention model "
+                             "(DeepSeek-V2): its cache holds latent rows; use 'auto' or 'mla'.")
+        reason = backend_problem(MLA, device, **shape)
+        if reason is not None:
+            raise ValueError(f"attention_backend={name!r} is unavailable: {reason}.")
+        return load_backend(MLA)
     if name == AUTO:
         order = _AUTO_ORDER_CUDA if torch.device(device).type == "cuda" else _AUTO_ORDER_ELSEWHERE
         for candidate in order:

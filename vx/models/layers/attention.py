@@ -20,6 +20,10 @@ class Attention(nn.Module):
     q: [T, num_heads*head_dim]; k, v: [T, num_kv_heads*head_dim]; returns [T, num_heads*head_dim].
     """
 
+    # Multi-head latent attention layers (`vx.models.layers.mla`) cache one latent row per token instead of K and V,
+    # and only an MLA backend serves them.
+    is_mla = False
+
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None,
                  layer_idx: int = 0, sliding_window: int | None = None, logits_soft_cap: float | None = None,
                  ) -> None:
