@@ -58,16 +58,15 @@ class ModelConfig(msgspec.Struct, kw_only=True):
         return hf_head_dim(self.hf_config)
 
     @property
-<<<<<<< HEAD
     def attn_logits_soft_cap(self) -> float | None:
         """Gemma 2's cap on attention scores (scores -> cap * tanh(scores / cap)); None: not capped."""
         cap = getattr(self.hf_config, "attn_logit_softcapping", None)
         return float(cap) if cap is not None else None
-=======
+
+    @property
     def is_mla(self) -> bool:
         """Whether the model's attention is Multi-head Latent Attention (DeepSeek-V2): see `hf_kv_cache_dims`."""
         return hf_is_mla(self.hf_config)
->>>>>>> i16-mla
 
 
 def hf_num_kv_heads(hf_config: Any) -> int:
