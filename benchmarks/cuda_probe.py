@@ -45,7 +45,10 @@ def _hf_greedy(model_dir: str, device: str) -> list[list[int]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    # Eager attention: the reference every family's features reach (some transformers versions send Gemma 2 to
+    # SDPA, which skips its attention soft cap).
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").to(device).eval()
     outs = []
     for p in _prompts():
         with torch.no_grad():
