@@ -57,10 +57,10 @@ def tiny_model_dir(tiny_model_dirs) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    """`tiny_gguf(types, tied=False, family="llama")` -> TinyGGUF: a seeded tiny Llama (or Gemma 3) written as a GGUF
-    file with its weights in
-    `types` (a GGML type name, or "Q4_K_M" for tests.support.tiny_gguf.q4_k_m_like), and the same weights dequantized
-    by gguf in a float directory; built once per session per (types, tied), sharing one tokenizer."""
+    """`tiny_gguf(types, tied=False, family="llama")` -> TinyGGUF: a seeded tiny model of `family` (llama, gemma3,
+    gemma2, phi3, qwen3_moe or mixtral; tests.support.tiny_gguf) written as a GGUF file with its weights in `types` (a
+    GGML type name, or "Q4_K_M" for tests.support.tiny_gguf.q4_k_m_like), and the same weights dequantized by gguf in
+    a float directory; built once per session per (types, tied, family), sharing one tokenizer."""
     from gguf import GGMLQuantizationType
 
     from tests.support.tiny_gguf import q4_k_m_like, uniform, write_tiny_gguf

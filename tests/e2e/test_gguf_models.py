@@ -110,3 +110,16 @@ async def test_an_unsupported_type_through_async_llm_leaves_nothing_running(anyi
         async with vx.AsyncLLM(model, **ENGINE_KWARGS):
             pass
     assert child_pids() <= before
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("types", ["F16", "Q8_0"])
+def test_a_newer_family_file_equals_its_dequantized_twin(tiny_gguf, config_dir, family, types):
+    """Gemma 2 (soft caps, sliding layers, norms stored plus one), Phi-3 (fused qkv and gate|up, partial rotary,
+    LongRoPE), Qwen3-MoE and Mixtral (stacked experts, dequantized into FusedMoE's float stacks when quantized; the
+    rest kept quantized) decode greedily and score prompts as their safetensors twins."""
+    tiny = tiny_gguf(types, family=family)
+    prompts = _prompts(tiny.vocab_size)
+    model = config_dir(tiny)
+    assert _greedy(model, prompts) == _greedy(tiny.float_dir, prompts)
+    assert _prompt_logprobs(model, prompts) == pytest.approx(_prompt_logprobs(tiny.float_dir, prompts), abs=2e-3)

@@ -3,8 +3,14 @@ weights dequantized by `gguf.quants.dequantize`, saved as a float32 Hugging Face
 
 What a llama.cpp converter does is done here independently of vx: Hugging Face names to GGUF names by the gguf
 package's map (HF -> GGUF, the direction converters use), q and k rows permuted for llama.cpp's rotary layout, the
-tokenizer stored as a "gpt2" (byte-level BPE) vocabulary with merges. The K-quants need rows of 256, so the model's
-widths are multiples of 256.
+tokenizer stored as a "gpt2" (byte-level BPE) vocabulary with merges. The K-quants need rows of 256, so the Llama and
+Gemma 3 models' widths are multiples of 256; the other families (Gemma 2, Phi-3, Qwen3-MoE, Mixtral) keep the tiny
+shapes of tests/support/tiny_models.py, whose widths are multiples of 32 (the blocks of Q4_0..Q8_0).
+
+Per family, as llama.cpp's converter writes them: Gemma norms stored as 1 + the checkpoint's; Phi-3's q|k|v and
+gate|up fused (attn_qkv, ffn_up), its partial rotary as the rotary dimension count and its LongRoPE factors as two
+float tensors; experts stacked per layer and projection (ffn_gate_exps / ffn_up_exps / ffn_down_exps [E, ...]) with
+the router as ffn_gate_inp; Mixtral as arch "llama" with an expert count.
 """
 
 from __future__ import annotations
@@ -69,11 +75,24 @@ GEMMA3_SHAPE = dict(num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=256,
                                      "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})
 
 
+# The GGUF architecture each test family is written as, and the tiny_models overrides its file can express.
+_ARCHES = {"llama": "llama", "gemma3": "gemma3", "gemma2": "gemma2", "phi3": "phi3", "qwen3_moe": "qwen3moe",
+           "mixtral": "llama"}
+_TINY_FAMILY_SHAPES: dict[str, dict[str, object]] = {
+    "gemma2": {},
+    "phi3": {},
+    # llama.cpp's qwen3moe has no dense layers; expert rows of 64 make whole Q8_0 blocks.
+    "qwen3_moe": dict(mlp_only_layers=[], moe_intermediate_size=64),
+    # llama.cpp's llama architecture has no sliding window.
+    "mixtral": dict(sliding_window=None),
+}
+
+
 def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool = False, seed: int = 0,
                     tokenizer_dir: str | None = None, family: str = "llama", **overrides: object) -> TinyGGUF:
     """Write `model.gguf` (weights stored as `types` says) and `float/` (the same weights as gguf dequantizes
     them) in `dirpath`. `tokenizer_dir`: a tiny tokenizer made before, to share (else one is made here).
-    `family`: "llama" or "gemma3"."""
+    `family`: "llama", "gemma3", "gemma2", "phi3", "qwen3_moe" or "mixtral"."""
     dirpath = os.fspath(dirpath)
     os.makedirs(dirpath, exist_ok=True)
     if tokenizer_dir is None:
@@ -83,17 +102,26 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
         tok = json.load(f)
     vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
     assert [i for _, i in vocab] == list(range(len(vocab)))
-    gemma = family == "gemma3"
-    shape = {**SHAPE, **GEMMA3_SHAPE, "tie_word_embeddings": True} if gemma else {**SHAPE, "tie_word_embeddings": tied}
-    tied = shape["tie_word_embeddings"]
+    arch = _ARCHES[family]
+    gemma = family in ("gemma2", "gemma3")
+    if family in _TINY_FAMILY_SHAPES:
+        shape = dict(_TINY_FAMILY_SHAPES[family])
+        if family in ("qwen3_moe", "mixtral"):
+            shape["tie_word_embeddings"] = tied
+    elif family == "gemma3":
+        shape = {**SHAPE, **GEMMA3_SHAPE, "tie_word_embeddings": True}
+    else:
+        shape = {**SHAPE, "tie_word_embeddings": tied}
     hf = make_tiny_hf_model(family, seed=seed, **{**shape, "vocab_size": len(vocab), "bos_token_id": 0,
                                                   "eos_token_id": 0, "pad_token_id": 0, **overrides})
     config = hf.config
+    tied = config.tie_word_embeddings
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    permuted = arch == "llama"
 
     gguf_path = os.path.join(dirpath, "model.gguf")
-    writer = GGUFWriter(gguf_path, family)
+    writer = GGUFWriter(gguf_path, arch)
     writer.add_name(f"tiny-{seed}")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -101,15 +129,29 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    if gemma:
-        writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
+    rope = config.rope_parameters
+    writer.add_rope_freq_base(rope["full_attention"]["rope_theta"] if family == "gemma3" else rope["rope_theta"])
+    if family in ("gemma2", "gemma3", "qwen3_moe"):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if gemma:
         writer.add_sliding_window(config.sliding_window)
-    else:
-        writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    if family == "gemma2":
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if family == "phi3":
+        writer.add_rope_scaling_orig_ctx_len(config.original_max_position_embeddings)
+        writer.add_sliding_window(config.sliding_window or 0)
+    if family == "qwen3_moe":
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if family == "mixtral":
+        writer.add_expert_count(config.num_local_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(head_dim)
+    rotary = int(head_dim * rope.get("partial_rotary_factor", 1.0)) if family == "phi3" else head_dim
+    writer.add_rope_dimension_count(rotary)
     writer.add_vocab_size(len(vocab))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -123,42 +165,35 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
 
-    names = get_tensor_name_map(MODEL_ARCH.GEMMA3 if gemma else MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    names = get_tensor_name_map(MODEL_ARCH[arch.upper()], config.num_hidden_layers)
+    if family == "phi3":  # LongRoPE's factors: float tensors, read into the config
+        writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
     reference: dict[str, torch.Tensor] = {}
     for name, param in hf.state_dict().items():
         if tied and name == "lm_head.weight":
             continue
-        module, suffix = name.rsplit(".", 1)
-        gguf_name = f"{names.get_name(module)}.{suffix}"
         data = param.detach().float().numpy()
-        heads_here = None if gemma else heads if ".q_proj." in name else kv_heads if ".k_proj." in name else None
+        if name.endswith(".experts.gate_up_proj"):  # [E, 2I, H]: stored as gate and up stacks
+            layer = name.removesuffix(".gate_up_proj")
+            inter = data.shape[1] // 2
+            backs = [_store(writer, f"{names.get_name(f'{layer}.{proj}')}.weight", part, T(types(name)), seed)
+                     for proj, part in (("gate_proj", data[:, :inter]), ("up_proj", data[:, inter:]))]
+            reference[name] = torch.from_numpy(np.ascontiguousarray(np.concatenate(backs, axis=1), np.float32))
+            continue
+        if name.endswith(".experts.down_proj"):  # [E, H, I]
+            gguf_name = f"{names.get_name(name)}.weight"
+        else:
+            module, suffix = name.rsplit(".", 1)
+            gguf_name = f"{names.get_name(module)}.{suffix}"
+        heads_here = (heads if ".q_proj." in name else kv_heads if ".k_proj." in name else None) if permuted else None
         if heads_here is not None:
             data = permute_rows(data, heads_here)
         offset = 1.0 if gemma and name.endswith("norm.weight") else 0.0
-        data = data + offset
-        qtype = T.F32 if data.ndim == 1 else T(types(name))
-        if qtype == T.F32:
-            stored, back = data, data
-        elif qtype == T.F16:
-            stored = data.astype(np.float16)
-            back = stored.astype(np.float32)
-        elif qtype == T.BF16:
-            stored = quants.quantize(data, qtype)
-            back = quants.dequantize(stored, qtype)
-        elif qtype not in QUANTIZABLE:  # a type vx refuses (nothing quantizes it here): random blocks of its size
-            block, size = GGML_QUANT_SIZES[qtype]
-            stored = np.random.default_rng(seed).integers(0, 256, (data.shape[0], data.shape[1] // block * size),
-                                                          dtype=np.uint8)
-            with np.errstate(invalid="ignore", over="ignore"):  # random f16 scales may be NaN: never computed with
-                back = quants.dequantize(stored, qtype)
-        else:
-            stored = quantize(data, qtype)
-            back = quants.dequantize(stored, qtype)
-        writer.add_tensor(gguf_name, stored, raw_dtype=None if qtype in (T.F32, T.F16) else qtype)
+        back = _store(writer, gguf_name, data + offset, T.F32 if data.ndim == 1 else T(types(name)), seed)
         if heads_here is not None:
             back = inverse_permute_rows(back, heads_here)
-        back = back - offset
-        reference[name] = torch.from_numpy(np.ascontiguousarray(back, dtype=np.float32))
+        reference[name] = torch.from_numpy(np.ascontiguousarray(back - offset, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -167,6 +202,31 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     float_dir = os.path.join(dirpath, "float")
     _save_float_dir(hf, reference, float_dir, tokenizer_dir)
     return TinyGGUF(gguf_path, float_dir, tokenizer_dir, len(vocab))
+
+
+def _store(writer: GGUFWriter, gguf_name: str, data: np.ndarray, qtype: T, seed: int) -> np.ndarray:
+    """Add `data` (rows, or stacked experts [E, rows, features]) to the file in `qtype`; returns what gguf
+    dequantizes the stored tensor to."""
+    if qtype == T.F32:
+        stored, back = data, data
+    elif qtype == T.F16:
+        stored = data.astype(np.float16)
+        back = stored.astype(np.float32)
+    elif qtype == T.BF16:
+        stored = quants.quantize(data, qtype)
+        back = quants.dequantize(stored, qtype)
+    elif qtype not in QUANTIZABLE:  # a type vx refuses (nothing quantizes it here): random blocks of its size
+        block, size = GGML_QUANT_SIZES[qtype]
+        stored = np.random.default_rng(seed).integers(0, 256, (*data.shape[:-1], data.shape[-1] // block * size),
+                                                      dtype=np.uint8)
+        with np.errstate(invalid="ignore", over="ignore"):  # random f16 scales may be NaN: never computed with
+            back = quants.dequantize(stored, qtype)
+    else:
+        rows = quantize(data.reshape(-1, data.shape[-1]), qtype)
+        stored = rows.reshape(*data.shape[:-1], rows.shape[-1])
+        back = quants.dequantize(stored, qtype)
+    writer.add_tensor(gguf_name, stored, raw_dtype=None if qtype in (T.F32, T.F16) else qtype)
+    return back
 
 
 def _save_float_dir(hf: torch.nn.Module, reference: dict[str, torch.Tensor], float_dir: str,

@@ -3,6 +3,11 @@ template), read from the file's metadata by transformers. No weights: config.jso
 ({"quant_method": "gguf", "gguf_file": path}) points the engine at the file, which it loads quantized
 (vx/models/gguf_weights.py).
 
+transformers' GGUF config mapping leaves out fields some families need; they are read from the metadata here as
+llama.cpp's converter writes them: Gemma 2's soft caps and query scale, Phi-3's partial rotary, LongRoPE factors
+(stored as tensors) and window, Qwen3-MoE's expert width, and Mixtral, which llama.cpp writes as arch "llama" with
+an expert count and transformers reads as a plain Llama.
+
 Run as `python -m vx.models.gguf SRC.gguf DST_DIR`: the front end starts it in a child process, so the
 application's process never imports torch (transformers does).
 """
@@ -12,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
-from vx.models.gguf_weights import SUPPORTED_ARCHITECTURES
+from vx.models.gguf_weights import check_architecture
 
 
 def gguf_architecture(path: str) -> str:
@@ -34,15 +40,14 @@ def write_gguf_config(src: str, dst: str) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     arch = gguf_architecture(src)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+    check_architecture(arch)
     src = os.path.realpath(src)
     folder, name = os.path.split(src)
     os.makedirs(dst, exist_ok=True)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
 
+    config = family_config(src, arch, config)
     cfg = config.to_dict()
     cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     cfg["quantization_config"] = {"quant_method": "gguf", "gguf_file": src}
@@ -54,6 +59,69 @@ def write_gguf_config(src: str, dst: str) -> None:
     with open(os.path.join(dst, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     tokenizer.save_pretrained(dst)
+
+
+def family_config(path: str, arch: str, config: Any) -> Any:
+    """`config` (transformers' reading of the file) with the family fields its mapping leaves out, read from the
+    file's metadata and tensors as llama.cpp's converter writes them."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+
+    def meta(key: str, default: Any = None) -> Any:
+        field = reader.fields.get(f"{arch}.{key}")
+        return default if field is None else field.contents()
+
+    cfg = config.to_dict()
+    if arch == "gemma2":
+        cfg["attn_logit_softcapping"] = meta("attn_logit_softcapping", cfg.get("attn_logit_softcapping"))
+        cfg["final_logit_softcapping"] = meta("final_logit_softcapping", cfg.get("final_logit_softcapping"))
+        # The file has no query scale: llama.cpp scales by the head size, but by hidden / heads for the 27B model
+        # (46 layers), which is what its checkpoint's query_pre_attn_scalar says (144).
+        layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
+        cfg["query_pre_attn_scalar"] = hidden // heads if layers == 46 else cfg["head_dim"]
+        cfg.pop("layer_types", None)  # re-derived for the file's layer count (llama.cpp: even layers slide)
+    elif arch == "phi3":
+        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+        rotary = meta("rope.dimension_count", head_dim)
+        original = meta("rope.scaling.original_context_length", cfg["max_position_embeddings"])
+        window = meta("attention.sliding_window", 0)
+        cfg["sliding_window"] = window or None  # llama.cpp's converter writes 0 for "none" (Phi-4)
+        cfg["original_max_position_embeddings"] = original
+        rope = {"rope_type": "default", "rope_theta": cfg.get("rope_theta") or
+                (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)}
+        factors = {t.name: t.data.tolist() for t in reader.tensors
+                   if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
+        if factors:
+            rope.update(rope_type="longrope", long_factor=factors["rope_factors_long.weight"],
+                        short_factor=factors["rope_factors_short.weight"],
+                        original_max_position_embeddings=original)
+        if rotary != head_dim:
+            rope["partial_rotary_factor"] = cfg["partial_rotary_factor"] = rotary / head_dim
+        cfg["rope_parameters"] = rope
+        cfg.pop("rope_scaling", None)
+        cfg.pop("rope_theta", None)
+    elif arch == "qwen3moe":
+        cfg["moe_intermediate_size"] = meta("expert_feed_forward_length", cfg.get("moe_intermediate_size"))
+        cfg["mlp_only_layers"], cfg["decoder_sparse_step"] = [], 1  # llama.cpp's qwen3moe: every layer sparse
+    elif arch == "llama" and meta("expert_count", 0):
+        return _mixtral_config(cfg, int(meta("expert_count")), int(meta("expert_used_count")))
+    else:
+        return config
+    cfg.pop("model_type", None)
+    return type(config).from_dict(cfg)
+
+
+def _mixtral_config(llama: dict[str, Any], experts: int, used: int) -> Any:
+    """A Mixtral config from the Llama one transformers read (llama.cpp writes Mixtral as arch "llama"; its
+    experts' width is the file's feed-forward length, and it has no sliding window)."""
+    from transformers import MixtralConfig
+
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "rope_parameters",
+            "rope_theta", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "dtype")
+    fields = {k: llama[k] for k in keep if llama.get(k) is not None}
+    return MixtralConfig(**fields, num_local_experts=experts, num_experts_per_tok=used, sliding_window=None)
 
 
 def main(argv: list[str] | None = None) -> int:

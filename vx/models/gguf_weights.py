@@ -6,6 +6,12 @@ after its ggml type, `<module>.qweight_type`, for the layer's GGUF method to rep
 float in GGUF) arrives as a float tensor under its own name. The names come from the gguf package's map (HF module
 -> GGUF tensor), reversed. llama.cpp stores a llama-architecture file's q and k rows permuted for its rotary layout;
 the rows are put back in Hugging Face's order here, which moves whole rows of blocks and so is exact for every type.
+Phi-3's fused qkv and gate|up tensors are cut into their projections the same way, by whole rows.
+
+Mixture-of-experts files (qwen3moe, and Mixtral as arch "llama" with experts) stack each layer's experts in one
+tensor per projection, [E, rows, features]. vx's `FusedMoE` has no quantized kernels, so these arrive expert by
+expert as float weights: float types as they are, quantized ones dequantized by the gguf package as they load
+(any type it dequantizes, K-quants and i-quants included); the file's other weights stay quantized.
 
 Each tensor has a mapping of its own, let go with the last view of it (once its layer is readied). The token
 embedding is read a few rows per step for as long as the model runs, so the model keeps its view: `close()` (when
@@ -28,12 +34,35 @@ from vx.models.layers.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYP
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
-"""GGUF `general.architecture`s vx loads (llama.cpp writes Mistral models as "llama")."""
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3")
+"""GGUF `general.architecture`s vx loads (llama.cpp writes Mistral and Mixtral models as "llama")."""
+
+# Architectures llama.cpp publishes that vx serves from Hugging Face directories but not from GGUF, and why.
+_REFUSED = {"deepseek2": "transformers cannot read a DeepSeek-V2 GGUF file's config (multi-head latent attention); "
+                         "load its Hugging Face directory instead"}
+
+
+def check_architecture(arch: str) -> None:
+    """`ValueError` naming the architecture (and the supported ones) unless vx loads its GGUF files."""
+    if arch not in SUPPORTED_ARCHITECTURES:
+        why = f" ({_REFUSED[arch]})" if arch in _REFUSED else ""
+        raise ValueError(f"GGUF architecture {arch!r} is not supported{why}; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+
 
 # llama.cpp's converter stores these architectures' norm weights as 1 + the checkpoint's (Gemma keeps offsets
 # from 1): the offset comes off as they load.
-_NORMS_PLUS_ONE = ("gemma3",)
+_NORMS_PLUS_ONE = ("gemma2", "gemma3")
+
+# Architectures whose files keep q|k|v and gate|up fused (one tensor each), as their checkpoints do.
+_FUSED_ARCHITECTURES = ("phi3",)
+_FUSED_MODULES = ("self_attn.qkv_proj", "mlp.gate_up_proj")
+
+# Tensors the config is read from (vx.models.gguf), not weights: Phi-3's LongRoPE factors.
+_CONFIG_TENSORS = ("rope_factors_long", "rope_factors_short")
+
+# A layer's stacked experts ([E, rows, features] per projection) and their HF projection names.
+_EXPERT_MODULES = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
 
 # llama.cpp's converter permutes q/k rows for these architectures (its LlamaModel); Qwen files keep HF's order.
 _PERMUTED_ARCHITECTURES = ("llama",)
@@ -44,7 +73,8 @@ _MODEL_MODULES = ("model.embed_tokens", "model.norm", "lm_head")
 _KEPT_TABLES = ("model.embed_tokens",)
 _LAYER_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-                  "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+                  "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+                  "mlp.gate", *_EXPERT_MODULES)
 
 
 def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
@@ -55,12 +85,13 @@ def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
     if arch is None:
         raise ValueError(f"The gguf package does not know the architecture {architecture!r}.")
     name_map = gguf.get_tensor_name_map(arch, num_layers)
-    modules = [*_MODEL_MODULES, *(f"model.layers.{i}.{m}" for i in range(num_layers) for m in _LAYER_MODULES)]
+    layer_modules = (*_LAYER_MODULES, *_FUSED_MODULES) if architecture in _FUSED_ARCHITECTURES else _LAYER_MODULES
+    modules = [*_MODEL_MODULES, *(f"model.layers.{i}.{m}" for i in range(num_layers) for m in layer_modules)]
     names: dict[str, str] = {}
     for module in modules:
         gguf_name = name_map.get_name(module)
         if gguf_name is not None:
-            names[gguf_name] = module
+            names[gguf_name] = module  # a fused module comes last and takes its name (Phi-3's ffn_up is gate|up)
     return names
 
 
@@ -78,7 +109,7 @@ class _Entry(NamedTuple):
     name: str  # GGUF name
     ggml_type: int
     offset: int  # of its first byte in the file
-    shape: tuple[int, ...]  # in bytes: (rows, bytes per row), or (bytes,) for a 1-D tensor
+    shape: tuple[int, ...]  # in bytes: (rows, bytes per row), (experts, rows, bytes per row), or (bytes,)
 
 
 class GGUFWeights:
@@ -89,23 +120,24 @@ class GGUFWeights:
     once the layer is readied.
     """
 
-    def __init__(self, path: str, hf_config: Any) -> None:
+    def __init__(self, path: str, hf_config: Any, dtype: torch.dtype = torch.float32) -> None:
         if not os.path.isfile(path):
             raise ValueError(f"GGUF file {path!r} does not exist (the model's config.json points at it).")
         header = read_gguf_header(path)
         self.architecture = header.architecture
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"GGUF architecture {self.architecture!r} is not supported; supported: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
+        check_architecture(self.architecture)
         self.path = path
         self.num_heads = int(hf_config.num_attention_heads)
         self.num_kv_heads = hf_num_kv_heads(hf_config)
+        self.fused_sizes = _fused_sizes(hf_config) if self.architecture in _FUSED_ARCHITECTURES else {}
         names = gguf_to_hf_names(self.architecture, int(hf_config.num_hidden_layers))
         self.entries: list[_Entry] = []
         unknown = []
         for info in header.tensors:
             base, _, suffix = info.name.rpartition(".")
             module = names.get(base)
+            if base in _CONFIG_TENSORS:
+                continue
             if module is None or suffix not in ("weight", "bias"):
                 unknown.append(info.name)
                 continue
@@ -113,10 +145,13 @@ class GGUFWeights:
         if unknown:
             logger.warning("Ignoring GGUF tensors vx's model has no place for: %s.", ", ".join(unknown))
         self._kept_mappings: list[mmap.mmap] = []
+        _log_dequantized_experts(self.entries, dtype)
 
     def _entry(self, module: str, suffix: str, info: TensorInfo) -> _Entry:
         """The tensor's entry, once it is checked to be one vx loads."""
         where = f"GGUF tensor {info.name!r} in {self.path!r}"
+        if module.endswith(_EXPERT_MODULES):
+            return self._expert_entry(module, suffix, info, where)
         if info.ggml_type not in SUPPORTED_TYPES:
             raise ValueError(f"{where} has type {type_name(info.ggml_type)}, which vx cannot load; vx loads "
                              f"{', '.join(type_name(t) for t in SUPPORTED_TYPES)}.")
@@ -130,6 +165,25 @@ class GGUFWeights:
         else:
             raise ValueError(f"{where} has shape {info.dims}; vx expects 2-D weights and 1-D norms and biases.")
         return _Entry(module, suffix, info.name, info.ggml_type, info.offset, shape)
+
+    def _expert_entry(self, module: str, suffix: str, info: TensorInfo, where: str) -> _Entry:
+        """A layer's stacked experts: 3-D, in a float type or one the gguf package dequantizes."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+        if len(info.dims) != 3 or suffix != "weight":
+            raise ValueError(f"{where} has shape {info.dims}; vx expects stacked experts [experts, rows, features].")
+        try:
+            qtype = GGMLQuantizationType(info.ggml_type)
+            block, size = GGML_QUANT_SIZES[qtype]
+            if info.ggml_type not in FLOAT_TYPES:  # fails now, not halfway through loading, for a type it lacks
+                quants.dequantize(np.zeros((1, size), dtype=np.uint8), qtype)
+        except (ValueError, KeyError, NotImplementedError) as e:
+            raise ValueError(f"{where} has type {type_name(info.ggml_type)}, which the gguf package cannot "
+                             f"dequantize for vx's float experts: {e}") from e
+        if info.dims[0] % block:
+            raise ValueError(f"{where}: rows of {info.dims[0]} features are not whole {qtype.name} blocks.")
+        return _Entry(module, suffix, info.name, info.ggml_type, info.offset,
+                      (info.dims[2], info.dims[1], info.dims[0] // block * size))
 
     def _map(self, entry: _Entry) -> tuple[np.ndarray, mmap.mmap]:
         """The tensor's bytes through a private mapping of their own (copy-on-write: a writable buffer for torch;
@@ -151,7 +205,11 @@ class GGUFWeights:
                 heads = self.num_heads if entry.module.endswith(".q_proj") else self.num_kv_heads
                 rows = entry.shape[0] if len(entry.shape) == 2 else entry.shape[0] // _element_size(entry.ggml_type)
                 data = unpermute_rows(data.reshape(rows, -1), heads).reshape(entry.shape)
-            if len(entry.shape) == 1:  # a norm or a bias: float, under its own name
+            if len(entry.shape) == 3:
+                yield from _experts(entry, data)
+            elif entry.module.endswith(_FUSED_MODULES):
+                yield from self._unfused(entry, data)
+            elif len(entry.shape) == 1:  # a norm or a bias: float, under its own name
                 tensor = torch.from_numpy(data).view(FLOAT_TYPES[entry.ggml_type])
                 if self.architecture in _NORMS_PLUS_ONE and entry.module.endswith("norm"):
                     tensor = tensor.float() - 1.0
@@ -159,6 +217,24 @@ class GGUFWeights:
             else:
                 yield f"{entry.module}.qweight_type", torch.tensor(entry.ggml_type)
                 yield f"{entry.module}.qweight", torch.from_numpy(data)
+
+    def _unfused(self, entry: _Entry, data: np.ndarray) -> Iterator[tuple[str, torch.Tensor]]:
+        """A fused qkv or gate|up tensor as its projections, cut by whole rows (exact for every type)."""
+        sizes = self.fused_sizes[entry.module.rpartition(".")[2]]
+        rows = data.shape[0] if data.ndim == 2 else data.shape[0] // _element_size(entry.ggml_type)
+        if rows != sum(size for _, size in sizes):
+            raise ValueError(f"GGUF tensor {entry.name!r}: {rows} rows, expected "
+                             f"{' + '.join(str(size) for _, size in sizes)} ({', '.join(n for n, _ in sizes)}).")
+        prefix = entry.module.rpartition(".")[0]
+        start = 0
+        for name, size in sizes:
+            if data.ndim == 1:
+                part = torch.from_numpy(data).view(FLOAT_TYPES[entry.ggml_type])[start:start + size]
+                yield f"{prefix}.{name}.{entry.suffix}", part
+            else:
+                yield f"{prefix}.{name}.qweight_type", torch.tensor(entry.ggml_type)
+                yield f"{prefix}.{name}.qweight", torch.from_numpy(data[start:start + size])
+            start += size
 
     def close(self) -> None:
         """Loading is over: drop the pages repacking read from the kept tables' mappings (never written, so a later
@@ -170,3 +246,50 @@ class GGUFWeights:
 
 def _element_size(ggml_type: int) -> int:
     return FLOAT_TYPES[ggml_type].itemsize
+
+
+def _fused_sizes(hf_config: Any) -> dict[str, list[tuple[str, int]]]:
+    """The projections a fused tensor's rows hold, in order: q, k, v and gate, up."""
+    from vx.config import hf_head_dim
+
+    head_dim = hf_head_dim(hf_config)
+    q, kv = int(hf_config.num_attention_heads) * head_dim, hf_num_kv_heads(hf_config) * head_dim
+    inter = int(hf_config.intermediate_size)
+    return {"qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
+            "gate_up_proj": [("gate_proj", inter), ("up_proj", inter)]}
+
+
+def _experts(entry: _Entry, data: np.ndarray) -> Iterator[tuple[str, torch.Tensor]]:
+    """A stacked expert tensor as one float weight per expert, under the names `MoECausalLM` stacks
+    ("model.layers.N.mlp.experts.E.gate_proj.weight"): float types as views, quantized ones dequantized one
+    expert at a time (so only one expert's float copy exists beside the stack)."""
+    from gguf import GGMLQuantizationType, quants
+
+    layer, _, projection = entry.module.rpartition(".experts.")
+    for expert in range(data.shape[0]):
+        if entry.ggml_type in FLOAT_TYPES:
+            weight = torch.from_numpy(data[expert]).view(FLOAT_TYPES[entry.ggml_type])
+        else:
+            weight = torch.from_numpy(quants.dequantize(data[expert], GGMLQuantizationType(entry.ggml_type)))
+        yield f"{layer}.experts.{expert}.{projection}.weight", weight
+
+
+def _log_dequantized_experts(entries: list[_Entry], dtype: torch.dtype) -> None:
+    """One line for the model: what dequantizing its quantized experts costs in float memory."""
+    quantized = [e for e in entries if len(e.shape) == 3 and e.ggml_type not in FLOAT_TYPES]
+    if not quantized:
+        return
+    file_bytes = sum(int(np.prod(e.shape)) for e in quantized)
+    weights = sum(e.shape[0] * e.shape[1] * _features(e) for e in quantized)
+    types = sorted({type_name(e.ggml_type) for e in quantized})
+    logger.info("Dequantizing %d quantized GGUF expert tensors (%s, %.1f MiB in the file) into float expert stacks: "
+                "%.1f MiB in %s (vx's fused MoE has no quantized kernels yet).", len(quantized), ", ".join(types),
+                file_bytes / 2**20, weights * dtype.itemsize / 2**20, str(dtype).removeprefix("torch."))
+
+
+def _features(entry: _Entry) -> int:
+    """The features in one row of a stacked expert tensor."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(entry.ggml_type)]
+    return entry.shape[2] // size * block

@@ -4,7 +4,9 @@ Their attention is Qwen3's (q/k norms) and Mistral's; their MLP is a router (a l
 expert) feeding `FusedMoE`. Qwen3-MoE renormalises the top-k weights when `norm_topk_prob` says so and keeps
 dense MLPs on its `mlp_only_layers` and off its `decoder_sparse_step`; Mixtral always renormalises and calls its
 MLP `block_sparse_moe`, its experts' projections w1 (gate), w3 (up) and w2 (down). Checkpoints name each expert's
-weights one by one; they are stacked per layer as they load.
+weights one by one; they are stacked per layer as they load. From a GGUF file the attention, dense MLPs, router and
+embeddings stay quantized under the GGUF method while the experts arrive dequantized (vx/models/gguf_weights.py):
+`FusedMoE` holds float stacks only.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ class MoEMLP(nn.Module):
     """Router (replicated) then experts (split over the tensor-parallel ranks by intermediate feature)."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool,
-                 prefix: str, tp_group: GroupCoordinator | None = None) -> None:
+                 prefix: str, tp_group: GroupCoordinator | None = None,
+                 quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
-        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, prefix=f"{prefix}.gate")
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=False, quant_config=quant_config,
+                                     prefix=f"{prefix}.gate")
         self.experts = FusedMoE(num_experts, top_k, hidden_size, intermediate_size, renormalize,
                                 prefix=f"{prefix}.experts", tp_group=tp_group)
 
@@ -57,10 +61,11 @@ class MoECausalLM(CausalLM):
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None, mlp_for_layer: Any,
                  tp_group: GroupCoordinator | None = None) -> None:
-        if quant_config is not None:
-            raise ValueError("Quantized mixture-of-experts checkpoints are not supported yet: load a float one.")
-        super().__init__(hf_config, LlamaModel(hf_config, None, mlp_for_layer=mlp_for_layer, tp_group=tp_group),
-                         tp_group=tp_group)
+        if quant_config is not None and quant_config.name != "gguf":
+            raise ValueError(f"Quantized ({quant_config.name}) mixture-of-experts checkpoints are not supported yet: "
+                             "load a float one, or a GGUF file (its experts are dequantized as they load).")
+        super().__init__(hf_config, LlamaModel(hf_config, quant_config, mlp_for_layer=mlp_for_layer,
+                                               tp_group=tp_group), quant_config, tp_group=tp_group)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Stack each expert's projections into its layer's `FusedMoE`; the rest loads as for Llama."""
@@ -105,7 +110,7 @@ class Qwen3MoeForCausalLM(MoECausalLM):
             if layer_idx in dense or config.num_experts == 0 or (layer_idx + 1) % step:
                 return None
             return MoEMLP(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                          config.moe_intermediate_size, bool(config.norm_topk_prob), prefix, tp_group)
+                          config.moe_intermediate_size, bool(config.norm_topk_prob), prefix, tp_group, quant_config)
 
         super().__init__(hf_config, quant_config, mlp_for_layer, tp_group)
 
@@ -121,6 +126,6 @@ class MixtralForCausalLM(MoECausalLM):
 
         def mlp_for_layer(layer_idx: int, prefix: str) -> nn.Module:
             return MoEMLP(config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
-                          config.intermediate_size, True, prefix, tp_group)
+                          config.intermediate_size, True, prefix, tp_group, quant_config)
 
         super().__init__(hf_config, quant_config, mlp_for_layer, tp_group)

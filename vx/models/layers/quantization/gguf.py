@@ -56,6 +56,7 @@ class GGUFConfig(QuantizationConfig):
 
     def __init__(self, gguf_file: str) -> None:
         self.gguf_file = gguf_file
+        self.dtype = torch.float32  # the model's, once `verify` has seen it (what dequantized experts cost)
 
     @classmethod
     def from_config(cls, quant_config: dict[str, Any]) -> "GGUFConfig":
@@ -64,6 +65,10 @@ class GGUFConfig(QuantizationConfig):
             raise ValueError("A GGUF model's quantization_config must name its file ('gguf_file'); pass the .gguf "
                              "file itself as model= and vx writes it.")
         return cls(path)
+
+    def verify(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Every device and dtype runs; the dtype is kept to size what dequantizing experts costs."""
+        self.dtype = dtype
 
     def get_linear_method(self, layer: nn.Module, prefix: str) -> "GGUFLinearMethod":
         return GGUFLinearMethod(prefix)
@@ -74,7 +79,7 @@ class GGUFConfig(QuantizationConfig):
     def weights(self, model_path: str, hf_config: Any) -> Iterable[tuple[str, torch.Tensor]]:
         from vx.models.gguf_weights import GGUFWeights
 
-        return GGUFWeights(self.gguf_file, hf_config)
+        return GGUFWeights(self.gguf_file, hf_config, self.dtype)
 
 
 class _Received:
