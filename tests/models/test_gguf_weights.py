@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,4 +98,125 @@ def test_other_bad_files_are_refused(tmp_path):
     raw = np.zeros((4, 18), np.uint8)
     path = _write(tmp_path / "q.gguf", "llama", {"output_norm.weight": (raw[0], T.Q4_0)})
     with pytest.raises(ValueError, match="is 1-D of type Q4_0"):
+        GGUFWeights(path, CONFIG)
+
+
+def _moe_config(family: str) -> Any:
+    from tests.support.tiny_models import make_tiny_config
+
+    return make_tiny_config(family, mlp_only_layers=[], moe_intermediate_size=64)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_quantized_experts_arrive_dequantized_expert_by_expert_and_the_rest_stays_quantized(tiny_gguf, family,
+                                                                                           caplog):
+    tiny = tiny_gguf("Q8_0", family=family)
+    config = _moe_config(family)
+    reference = load_file(f"{tiny.float_dir}/model.safetensors")
+    with caplog.at_level(logging.INFO, logger="vx.models.gguf_weights"):
+        weights = GGUFWeights(tiny.gguf_path, config, torch.bfloat16)
+    got = dict(weights)
+    weights.close()
+    experts = {n: t for n, t in got.items() if ".experts." in n}
+    num = config.num_experts if family == "qwen3_moe" else config.num_local_experts
+    inter = config.moe_intermediate_size if family == "qwen3_moe" else config.intermediate_size
+    layers = config.num_hidden_layers
+    assert len(experts) == layers * num * 3
+    for layer in range(layers):
+        # The float twin stores them as saved by transformers: one tensor per expert and projection.
+        for e in range(num):
+            prefix = f"model.layers.{layer}.mlp.experts.{e}"
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                tensor = experts[f"{prefix}.{proj}.weight"]
+                assert tensor.dtype == torch.float32  # dequantized by gguf; the stack keeps the model's dtype
+                assert torch.equal(tensor, _twin_expert(reference, layer, e, proj, inter)), (prefix, proj)
+        # The router and the attention stay GGUF tensors, quantized as the file holds them.
+        assert int(got[f"model.layers.{layer}.mlp.gate.qweight_type"]) == T.Q8_0
+        assert int(got[f"model.layers.{layer}.self_attn.q_proj.qweight_type"]) == T.Q8_0
+    lines = [r for r in caplog.records if "expert" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    float_mib = layers * num * 3 * inter * config.hidden_size * 2 / 2**20
+    assert f"{layers * 3} quantized GGUF expert tensors (Q8_0" in lines[0].getMessage()
+    assert f"{float_mib:.1f} MiB in bfloat16" in lines[0].getMessage()
+
+
+def _twin_expert(reference: dict[str, torch.Tensor], layer: int, expert: int, proj: str, inter: int) -> torch.Tensor:
+    """One expert's projection from the float twin, whichever way transformers saved the experts."""
+    single = f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+    if single in reference:
+        return reference[single]
+    legacy = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
+    for name in (f"model.layers.{layer}.block_sparse_moe.experts.{expert}.{legacy}.weight",):
+        if name in reference:
+            return reference[name]
+    if proj == "down_proj":
+        return reference[f"model.layers.{layer}.mlp.experts.down_proj"][expert]
+    gate_up = reference[f"model.layers.{layer}.mlp.experts.gate_up_proj"][expert]
+    return gate_up[:inter] if proj == "gate_proj" else gate_up[inter:]
+
+
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.IQ4_XS])
+def test_experts_load_in_types_the_dense_kernels_lack_through_the_gguf_package(tmp_path, qtype):
+    from gguf import GGML_QUANT_SIZES, quants
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(0).integers(0, 256, (2, 4, 256 // block * size), dtype=np.uint8)
+    path = _write(tmp_path / "m.gguf", "qwen3moe", {"blk.0.ffn_down_exps.weight": (raw, qtype)})
+    got = dict(GGUFWeights(path, CONFIG))
+    assert list(got) == [f"model.layers.0.mlp.experts.{e}.down_proj.weight" for e in range(2)]
+    with np.errstate(invalid="ignore", over="ignore"):  # random f16 scales may be NaN or inf
+        for e in range(2):
+            np.testing.assert_array_equal(got[f"model.layers.0.mlp.experts.{e}.down_proj.weight"].numpy(),
+                                          quants.dequantize(raw[e], qtype))
+
+
+def test_experts_of_a_type_the_gguf_package_cannot_dequantize_are_refused_at_open(tmp_path):
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[T.Q8_K]  # llama.cpp's intermediate type: gguf has no dequantizer for it
+    raw = np.zeros((2, 4, 256 // block * size), np.uint8)
+    path = _write(tmp_path / "m.gguf", "qwen3moe", {"blk.0.ffn_up_exps.weight": (raw, T.Q8_K)})
+    with pytest.raises(ValueError, match=r"'blk\.0\.ffn_up_exps\.weight'.*cannot dequantize"):
+        GGUFWeights(path, CONFIG)
+
+
+def test_phi3s_fused_tensors_arrive_as_their_projections_cut_by_whole_rows(tiny_gguf):
+    from tests.support.tiny_models import make_tiny_config
+
+    tiny = tiny_gguf("Q8_0", family="phi3")
+    config = make_tiny_config("phi3")
+    reference = load_file(f"{tiny.float_dir}/model.safetensors")
+    weights = GGUFWeights(tiny.gguf_path, config)
+    got = dict(weights)
+    weights.close()
+    assert not any("qkv_proj" in n or "gate_up_proj" in n or "rope_factors" in n for n in got)
+    q, kv, inter = 64, 32, config.intermediate_size
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}"
+        qkv = reference[f"{prefix}.self_attn.qkv_proj.weight"]
+        gate_up = reference[f"{prefix}.mlp.gate_up_proj.weight"]
+        parts = {"self_attn.q_proj": qkv[:q], "self_attn.k_proj": qkv[q:q + kv], "self_attn.v_proj": qkv[q + kv:],
+                 "mlp.gate_proj": gate_up[:inter], "mlp.up_proj": gate_up[inter:]}
+        for module, rows in parts.items():
+            raw, ggml_type = got[f"{prefix}.{module}.qweight"], int(got[f"{prefix}.{module}.qweight_type"])
+            assert torch.equal(dequantize(raw, ggml_type), rows), module
+
+
+def test_the_name_map_covers_the_newer_families():
+    qwen3moe = gguf_to_hf_names("qwen3moe", 1)
+    assert qwen3moe["blk.0.ffn_gate_inp"] == "model.layers.0.mlp.gate"
+    assert qwen3moe["blk.0.ffn_up_exps"] == "model.layers.0.mlp.experts.up_proj"
+    assert gguf_to_hf_names("llama", 1)["blk.0.ffn_down_exps"] == "model.layers.0.mlp.experts.down_proj"
+    phi3 = gguf_to_hf_names("phi3", 1)
+    assert phi3["blk.0.attn_qkv"] == "model.layers.0.self_attn.qkv_proj"
+    assert phi3["blk.0.ffn_up"] == "model.layers.0.mlp.gate_up_proj"
+    assert gguf_to_hf_names("gemma2", 1)["blk.0.post_ffw_norm"] == "model.layers.0.post_feedforward_layernorm"
+    # Only Phi-3 fuses: another family's ffn_up is its up projection.
+    assert gguf_to_hf_names("gemma2", 1)["blk.0.ffn_up"] == "model.layers.0.mlp.up_proj"
+
+
+def test_a_deepseek_v2_file_is_refused_by_name(tmp_path):
+    path = _write(tmp_path / "ds.gguf", "deepseek2", {"output_norm.weight": (np.ones(8, np.float32), None)})
+    with pytest.raises(ValueError, match=r"'deepseek2' is not supported \(transformers cannot read a DeepSeek-V2 "
+                                         r"GGUF file's config.*supported: llama, .*qwen3moe, gemma2, gemma3, phi3"):
         GGUFWeights(path, CONFIG)

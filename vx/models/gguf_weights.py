@@ -73,8 +73,8 @@ _MODEL_MODULES = ("model.embed_tokens", "model.norm", "lm_head")
 _KEPT_TABLES = ("model.embed_tokens",)
 _LAYER_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                   "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-                  "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
-                  "mlp.gate", *_EXPERT_MODULES)
+                  "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm", "mlp.gate", *_EXPERT_MODULES)
 
 
 def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:

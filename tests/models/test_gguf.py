@@ -1,0 +1,85 @@
+"""A GGUF file's config directory (vx.models.gguf): the family fields transformers' GGUF mapping leaves out are read
+from the file as llama.cpp writes them, so the config equals its Hugging Face twin's; files vx cannot serve are
+refused by architecture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gguf import GGUFWriter
+from transformers import AutoConfig
+
+from vx.config import hf_head_dim
+from vx.models.gguf import family_config, write_gguf_config
+
+# The fields each family's model reads beyond Llama's, checked against the float twin's config.
+FAMILY_FIELDS = {
+    "gemma2": ("sliding_window", "layer_types", "attn_logit_softcapping", "final_logit_softcapping",
+               "query_pre_attn_scalar", "head_dim", "hidden_activation", "tie_word_embeddings"),
+    "phi3": ("partial_rotary_factor", "original_max_position_embeddings", "max_position_embeddings",
+             "sliding_window", "tie_word_embeddings"),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "mlp_only_layers",
+                  "decoder_sparse_step", "rope_parameters", "tie_word_embeddings"),
+    "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size", "sliding_window", "rope_parameters",
+                "tie_word_embeddings"),
+}
+ARCHITECTURES = {"gemma2": "Gemma2ForCausalLM", "phi3": "Phi3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "mixtral": "MixtralForCausalLM"}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_FIELDS))
+def test_the_config_read_from_the_file_has_the_familys_fields(tiny_gguf, tmp_path, family):
+    tiny = tiny_gguf("Q8_0", family=family)
+    write_gguf_config(tiny.gguf_path, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        written = json.load(f)
+    assert written["architectures"] == [ARCHITECTURES[family]]
+    assert written["quantization_config"] == {"quant_method": "gguf", "gguf_file": tiny.gguf_path}
+    got, twin = AutoConfig.from_pretrained(tmp_path), AutoConfig.from_pretrained(tiny.float_dir)
+    assert got.model_type == twin.model_type
+    for field in FAMILY_FIELDS[family]:
+        assert getattr(got, field) == getattr(twin, field), field
+    assert hf_head_dim(got) == hf_head_dim(twin)  # the file states it; a twin may leave it to hidden / heads
+    if family == "phi3":  # LongRoPE's factors went through the file as float32
+        rope, expected = got.rope_parameters, twin.rope_parameters
+        assert rope["rope_type"] == "longrope" and rope["partial_rotary_factor"] == expected["partial_rotary_factor"]
+        for key in ("long_factor", "short_factor"):
+            assert rope[key] == pytest.approx(expected[key], rel=1e-6)
+
+
+def _metadata_only(path, arch: str, **fields) -> str:
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(fields["layers"])
+    writer.add_embedding_length(fields["hidden"])
+    writer.add_head_count(fields["heads"])
+    writer.add_head_count_kv(fields["heads"])
+    writer.add_key_length(fields["head_dim"])
+    writer.add_value_length(fields["head_dim"])
+    writer.add_feed_forward_length(4 * fields["hidden"])
+    writer.add_context_length(8192)
+    writer.add_vocab_size(256)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+@pytest.mark.parametrize(("layers", "hidden", "heads", "head_dim", "scalar"),
+                         [(26, 2304, 8, 256, 256), (42, 3584, 16, 256, 256), (46, 4608, 32, 128, 144)])
+def test_gemma2s_query_scale_is_llama_cpps_the_head_size_but_for_the_27b(tmp_path, layers, hidden, heads, head_dim,
+                                                                         scalar):
+    """The 2B, 9B and 27B shapes: their checkpoints' query_pre_attn_scalar, which a GGUF file does not store."""
+    path = _metadata_only(tmp_path / "g.gguf", "gemma2", layers=layers, hidden=hidden, heads=heads,
+                          head_dim=head_dim)
+    config = family_config(path, "gemma2", AutoConfig.from_pretrained(tmp_path, gguf_file="g.gguf"))
+    assert config.query_pre_attn_scalar == scalar
+    assert config.layer_types[:2] == ["sliding_attention", "full_attention"] and len(config.layer_types) == layers
+
+
+def test_a_deepseek_v2_file_is_refused_naming_its_architecture_and_the_supported_ones(tmp_path):
+    path = _metadata_only(tmp_path / "ds.gguf", "deepseek2", layers=2, hidden=64, heads=4, head_dim=16)
+    with pytest.raises(ValueError, match=r"GGUF architecture 'deepseek2' is not supported \(transformers cannot read "
+                                         r".*\); supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3\."):
+        write_gguf_config(path, str(tmp_path / "out"))
