@@ -66,16 +66,20 @@ def _metadata_only(path, arch: str, **fields) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("layers", "hidden", "heads", "head_dim", "scalar"),
-                         [(26, 2304, 8, 256, 256), (42, 3584, 16, 256, 256), (46, 4608, 32, 128, 144)])
-def test_gemma2s_query_scale_is_llama_cpps_the_head_size_but_for_the_27b(tmp_path, layers, hidden, heads, head_dim,
-                                                                         scalar):
-    """The 2B, 9B and 27B shapes: their checkpoints' query_pre_attn_scalar, which a GGUF file does not store."""
-    path = _metadata_only(tmp_path / "g.gguf", "gemma2", layers=layers, hidden=hidden, heads=heads,
-                          head_dim=head_dim)
-    config = family_config(path, "gemma2", AutoConfig.from_pretrained(tmp_path, gguf_file="g.gguf"))
+@pytest.mark.parametrize(("arch", "layers", "hidden", "heads", "head_dim", "scalar"),
+                         [("gemma2", 26, 2304, 8, 256, 256), ("gemma2", 42, 3584, 16, 256, 256),
+                          ("gemma2", 46, 4608, 32, 128, 144), ("gemma3", 34, 2560, 8, 256, 256),
+                          ("gemma3", 62, 5376, 32, 128, 168)])
+def test_gemmas_query_scale_is_llama_cpps_the_head_size_but_for_the_27b(tmp_path, arch, layers, hidden, heads,
+                                                                        head_dim, scalar):
+    """Gemma 2 2B, 9B, 27B and Gemma 3 4B, 27B shapes: their checkpoints' query_pre_attn_scalar, which a GGUF file
+    does not store (transformers reads 256 whatever the model)."""
+    path = _metadata_only(tmp_path / "g.gguf", arch, layers=layers, hidden=hidden, heads=heads, head_dim=head_dim)
+    config = family_config(path, arch, AutoConfig.from_pretrained(tmp_path, gguf_file="g.gguf"))
     assert config.query_pre_attn_scalar == scalar
-    assert config.layer_types[:2] == ["sliding_attention", "full_attention"] and len(config.layer_types) == layers
+    second = "sliding_attention" if arch == "gemma3" else "full_attention"  # 5 sliding to 1 global; alternating
+    assert config.layer_types[:2] == ["sliding_attention", second]
+    assert len(config.layer_types) == layers
 
 
 def test_a_deepseek_v2_file_is_refused_naming_its_architecture_and_the_supported_ones(tmp_path):

@@ -67,9 +67,9 @@ def inverse_permute_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
 
 # Gemma 3 as llama.cpp's converter writes it: the default layer pattern (5 sliding, then 1 global; transformers
 # reads the same default back, a GGUF file does not store it), q/k rows not permuted (neox rotary), and every
-# norm weight stored as 1 + the checkpoint's (Gemma keeps them as offsets from 1). The query scale is 256 ** -0.5,
-# which transformers reads from a Gemma 3 file whatever its head size (real checkpoints: the head size).
-GEMMA3_SHAPE = dict(num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=256, sliding_window=16, layer_types=None,
+# norm weight stored as 1 + the checkpoint's (Gemma keeps them as offsets from 1). The query scale is the head
+# size's, as llama.cpp takes it for every Gemma but the 27B (the file does not store it).
+GEMMA3_SHAPE = dict(num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=64, sliding_window=16, layer_types=None,
                     final_logit_softcapping=None,
                     rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                      "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}})

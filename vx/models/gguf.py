@@ -61,6 +61,10 @@ def write_gguf_config(src: str, dst: str) -> None:
     tokenizer.save_pretrained(dst)
 
 
+# Layer counts of the 27B Gemma models, whose query scale llama.cpp takes from hidden / heads.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
 def family_config(path: str, arch: str, config: Any) -> Any:
     """`config` (transformers' reading of the file) with the family fields its mapping leaves out, read from the
     file's metadata and tensors as llama.cpp's converter writes them."""
@@ -73,13 +77,14 @@ def family_config(path: str, arch: str, config: Any) -> Any:
         return default if field is None else field.contents()
 
     cfg = config.to_dict()
+    if arch in _GEMMA_27B_LAYERS:
+        # The file has no query scale (transformers' default is 256): llama.cpp scales by the head size, but by
+        # hidden / heads for the 27B models, as their checkpoints' query_pre_attn_scalar says (144 and 168).
+        layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
+        cfg["query_pre_attn_scalar"] = hidden // heads if layers == _GEMMA_27B_LAYERS[arch] else cfg["head_dim"]
     if arch == "gemma2":
         cfg["attn_logit_softcapping"] = meta("attn_logit_softcapping", cfg.get("attn_logit_softcapping"))
         cfg["final_logit_softcapping"] = meta("final_logit_softcapping", cfg.get("final_logit_softcapping"))
-        # The file has no query scale: llama.cpp scales by the head size, but by hidden / heads for the 27B model
-        # (46 layers), which is what its checkpoint's query_pre_attn_scalar says (144).
-        layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
-        cfg["query_pre_attn_scalar"] = hidden // heads if layers == 46 else cfg["head_dim"]
         cfg.pop("layer_types", None)  # re-derived for the file's layer count (llama.cpp: even layers slide)
     elif arch == "phi3":
         head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -102,11 +107,18 @@ def family_config(path: str, arch: str, config: Any) -> Any:
         cfg.pop("rope_scaling", None)
         cfg.pop("rope_theta", None)
     elif arch == "qwen3moe":
-        cfg["moe_intermediate_size"] = meta("expert_feed_forward_length", cfg.get("moe_intermediate_size"))
+        # The experts' width; a file without the key still states it in its expert tensors' rows.
+        gate = next((t for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight")), None)
+        width = meta("expert_feed_forward_length", None if gate is None else int(gate.shape[1]))
+        if width is None:
+            raise ValueError(f"{path!r} states no expert width ({arch}.expert_feed_forward_length) and has no "
+                             "ffn_gate_exps tensor.")
+        cfg["moe_intermediate_size"] = int(width)
+        cfg["norm_topk_prob"] = bool(meta("expert_weights_norm", True))  # llama.cpp's qwen3moe renormalises
         cfg["mlp_only_layers"], cfg["decoder_sparse_step"] = [], 1  # llama.cpp's qwen3moe: every layer sparse
     elif arch == "llama" and meta("expert_count", 0):
         return _mixtral_config(cfg, int(meta("expert_count")), int(meta("expert_used_count")))
-    else:
+    elif arch not in _GEMMA_27B_LAYERS:
         return config
     cfg.pop("model_type", None)
     return type(config).from_dict(cfg)
