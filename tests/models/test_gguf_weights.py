@@ -220,3 +220,22 @@ def test_a_deepseek_v2_file_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"'deepseek2' is not supported \(transformers cannot read a DeepSeek-V2 "
                                          r"GGUF file's config.*supported: llama, .*qwen3moe, gemma2, gemma3, phi3"):
         GGUFWeights(path, CONFIG)
+
+
+def test_early_mixtral_files_with_one_tensor_per_expert_load_as_the_stacked_ones(tmp_path):
+    """Before llama.cpp stacked experts its converter wrote blk.N.ffn_gate.E: each arrives as that expert's float
+    weight, dequantized when quantized."""
+    from gguf import quants
+
+    rng = np.random.default_rng(0)
+    rows = {e: rng.standard_normal((8, 64)).astype(np.float32) for e in range(2)}
+    stored = {e: quants.quantize(rows[e], T.Q8_0) for e in range(2)}
+    path = _write(tmp_path / "m.gguf", "llama", {
+        "blk.0.ffn_gate.0.weight": (stored[0], T.Q8_0), "blk.0.ffn_gate.1.weight": (stored[1], T.Q8_0),
+        "blk.0.ffn_down.1.weight": (rows[1].astype(np.float16), None)})
+    got = dict(GGUFWeights(path, CONFIG))
+    for e in range(2):
+        assert torch.equal(got[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"],
+                           torch.from_numpy(quants.dequantize(stored[e], T.Q8_0)))
+    down = got["model.layers.0.mlp.experts.1.down_proj.weight"]
+    assert down.dtype == torch.float16 and torch.equal(down, torch.from_numpy(rows[1].astype(np.float16)))

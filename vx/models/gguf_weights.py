@@ -11,7 +11,9 @@ Phi-3's fused qkv and gate|up tensors are cut into their projections the same wa
 Mixture-of-experts files (qwen3moe, and Mixtral as arch "llama" with experts) stack each layer's experts in one
 tensor per projection, [E, rows, features]. vx's `FusedMoE` has no quantized kernels, so these arrive expert by
 expert as float weights: float types as they are, quantized ones dequantized by the gguf package as they load
-(any type it dequantizes, K-quants and i-quants included); the file's other weights stay quantized.
+(any type it dequantizes, K-quants and i-quants included); the file's other weights stay quantized. Files converted
+before llama.cpp stacked experts (early Mixtral ones) hold one tensor per expert, `blk.N.ffn_gate.E`; those load the
+same way.
 
 Each tensor has a mapping of its own, let go with the last view of it (once its layer is readied). The token
 embedding is read a few rows per step for as long as the model runs, so the model keeps its view: `close()` (when
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import re
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -63,6 +66,8 @@ _CONFIG_TENSORS = ("rope_factors_long", "rope_factors_short")
 
 # A layer's stacked experts ([E, rows, features] per projection) and their HF projection names.
 _EXPERT_MODULES = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
+# One expert's projection as early converters wrote them: blk.N.ffn_gate.E.
+_SINGLE_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)$")
 
 # llama.cpp's converter permutes q/k rows for these architectures (its LlamaModel); Qwen files keep HF's order.
 _PERMUTED_ARCHITECTURES = ("llama",)
@@ -138,6 +143,10 @@ class GGUFWeights:
             module = names.get(base)
             if base in _CONFIG_TENSORS:
                 continue
+            single = _SINGLE_EXPERT.match(base)
+            if single is not None:
+                layer, projection, expert = single.groups()
+                module = f"model.layers.{layer}.mlp.experts.{expert}.{projection}_proj"
             if module is None or suffix not in ("weight", "bias"):
                 unknown.append(info.name)
                 continue
@@ -150,7 +159,7 @@ class GGUFWeights:
     def _entry(self, module: str, suffix: str, info: TensorInfo) -> _Entry:
         """The tensor's entry, once it is checked to be one vx loads."""
         where = f"GGUF tensor {info.name!r} in {self.path!r}"
-        if module.endswith(_EXPERT_MODULES):
+        if ".experts." in module:
             return self._expert_entry(module, suffix, info, where)
         if info.ggml_type not in SUPPORTED_TYPES:
             raise ValueError(f"{where} has type {type_name(info.ggml_type)}, which vx cannot load; vx loads "
@@ -167,11 +176,14 @@ class GGUFWeights:
         return _Entry(module, suffix, info.name, info.ggml_type, info.offset, shape)
 
     def _expert_entry(self, module: str, suffix: str, info: TensorInfo, where: str) -> _Entry:
-        """A layer's stacked experts: 3-D, in a float type or one the gguf package dequantizes."""
+        """A layer's stacked experts (3-D) or one expert's projection (2-D), in a float type or one the gguf
+        package dequantizes."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-        if len(info.dims) != 3 or suffix != "weight":
-            raise ValueError(f"{where} has shape {info.dims}; vx expects stacked experts [experts, rows, features].")
+        stacked = module.endswith(_EXPERT_MODULES)
+        if len(info.dims) != (3 if stacked else 2) or suffix != "weight":
+            raise ValueError(f"{where} has shape {info.dims}; vx expects " + (
+                "stacked experts [experts, rows, features]." if stacked else "one expert's weight [rows, features]."))
         try:
             qtype = GGMLQuantizationType(info.ggml_type)
             block, size = GGML_QUANT_SIZES[qtype]
@@ -183,7 +195,7 @@ class GGUFWeights:
         if info.dims[0] % block:
             raise ValueError(f"{where}: rows of {info.dims[0]} features are not whole {qtype.name} blocks.")
         return _Entry(module, suffix, info.name, info.ggml_type, info.offset,
-                      (info.dims[2], info.dims[1], info.dims[0] // block * size))
+                      (*info.dims[:0:-1], info.dims[0] // block * size))
 
     def _map(self, entry: _Entry) -> tuple[np.ndarray, mmap.mmap]:
         """The tensor's bytes through a private mapping of their own (copy-on-write: a writable buffer for torch;
@@ -205,7 +217,7 @@ class GGUFWeights:
                 heads = self.num_heads if entry.module.endswith(".q_proj") else self.num_kv_heads
                 rows = entry.shape[0] if len(entry.shape) == 2 else entry.shape[0] // _element_size(entry.ggml_type)
                 data = unpermute_rows(data.reshape(rows, -1), heads).reshape(entry.shape)
-            if len(entry.shape) == 3:
+            if ".experts." in entry.module:
                 yield from _experts(entry, data)
             elif entry.module.endswith(_FUSED_MODULES):
                 yield from self._unfused(entry, data)
@@ -265,22 +277,26 @@ def _experts(entry: _Entry, data: np.ndarray) -> Iterator[tuple[str, torch.Tenso
     expert at a time (so only one expert's float copy exists beside the stack)."""
     from gguf import GGMLQuantizationType, quants
 
+    def as_float(rows: np.ndarray) -> torch.Tensor:
+        if entry.ggml_type in FLOAT_TYPES:
+            return torch.from_numpy(rows).view(FLOAT_TYPES[entry.ggml_type])
+        return torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType(entry.ggml_type)))
+
+    if data.ndim == 2:  # one expert's projection, named as such already
+        yield f"{entry.module}.weight", as_float(data)
+        return
     layer, _, projection = entry.module.rpartition(".experts.")
     for expert in range(data.shape[0]):
-        if entry.ggml_type in FLOAT_TYPES:
-            weight = torch.from_numpy(data[expert]).view(FLOAT_TYPES[entry.ggml_type])
-        else:
-            weight = torch.from_numpy(quants.dequantize(data[expert], GGMLQuantizationType(entry.ggml_type)))
-        yield f"{layer}.experts.{expert}.{projection}.weight", weight
+        yield f"{layer}.experts.{expert}.{projection}.weight", as_float(data[expert])
 
 
 def _log_dequantized_experts(entries: list[_Entry], dtype: torch.dtype) -> None:
     """One line for the model: what dequantizing its quantized experts costs in float memory."""
-    quantized = [e for e in entries if len(e.shape) == 3 and e.ggml_type not in FLOAT_TYPES]
+    quantized = [e for e in entries if ".experts." in e.module and e.ggml_type not in FLOAT_TYPES]
     if not quantized:
         return
     file_bytes = sum(int(np.prod(e.shape)) for e in quantized)
-    weights = sum(e.shape[0] * e.shape[1] * _features(e) for e in quantized)
+    weights = sum(int(np.prod(e.shape[:-1])) * _features(e) for e in quantized)
     types = sorted({type_name(e.ggml_type) for e in quantized})
     logger.info("Dequantizing %d quantized GGUF expert tensors (%s, %.1f MiB in the file) into float expert stacks: "
                 "%.1f MiB in %s (vx's fused MoE has no quantized kernels yet).", len(quantized), ", ".join(types),
@@ -292,4 +308,4 @@ def _features(entry: _Entry) -> int:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(entry.ggml_type)]
-    return entry.shape[2] // size * block
+    return entry.shape[-1] // size * block
