@@ -51,3 +51,17 @@ def test_not_gguf_and_truncated_files_are_refused(tiny_gguf, tmp_path):
     cut.write_bytes(data[:200])  # inside the metadata
     with pytest.raises(ValueError, match="not a readable GGUF file"):
         read_gguf_header(str(cut))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen3_moe"])
+def test_the_values_under_a_key_prefix_are_what_gguf_reader_reads(tiny_gguf, family):
+    """Scalars of every kind the families use (u32 counts, f32 caps and eps, strings) as GGUFReader decodes them;
+    arrays and other prefixes left out."""
+    path = tiny_gguf("Q8_0", family=family).gguf_path
+    arch = read_gguf_header(path).architecture
+    header = read_gguf_header(path, f"{arch}.")
+    reader = GGUFReader(path)
+    expected = {key: field.contents() for key, field in reader.fields.items()
+                if key.startswith(f"{arch}.") and not isinstance(field.contents(), list)}
+    assert header.metadata == expected and len(expected) >= 8
+    assert read_gguf_header(path).metadata == {}

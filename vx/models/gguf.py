@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any
 
+from vx.models.gguf_header import TensorInfo, read_gguf_header
 from vx.models.gguf_weights import check_architecture
 
 
@@ -68,13 +69,11 @@ _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 def family_config(path: str, arch: str, config: Any) -> Any:
     """`config` (transformers' reading of the file) with the family fields its mapping leaves out, read from the
     file's metadata and tensors as llama.cpp's converter writes them."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    header = read_gguf_header(path, f"{arch}.")  # the header alone: the vocabulary is not parsed again
+    tensors = {t.name: t for t in header.tensors}
 
     def meta(key: str, default: Any = None) -> Any:
-        field = reader.fields.get(f"{arch}.{key}")
-        return default if field is None else field.contents()
+        return header.metadata.get(f"{arch}.{key}", default)
 
     cfg = config.to_dict()
     if arch in _GEMMA_27B_LAYERS:
@@ -95,11 +94,11 @@ def family_config(path: str, arch: str, config: Any) -> Any:
         cfg["original_max_position_embeddings"] = original
         rope = {"rope_type": "default", "rope_theta": cfg.get("rope_theta") or
                 (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)}
-        factors = {t.name: t.data.tolist() for t in reader.tensors
-                   if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
-        if factors:
-            rope.update(rope_type="longrope", long_factor=factors["rope_factors_long.weight"],
-                        short_factor=factors["rope_factors_short.weight"],
+        long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
+        if (long is None) != (short is None):
+            raise ValueError(f"{path!r} has one of LongRoPE's factor tensors (rope_factors_long / _short) only.")
+        if long is not None and short is not None:
+            rope.update(rope_type="longrope", long_factor=_floats(path, long), short_factor=_floats(path, short),
                         original_max_position_embeddings=original)
         if rotary != head_dim:
             rope["partial_rotary_factor"] = cfg["partial_rotary_factor"] = rotary / head_dim
@@ -108,8 +107,8 @@ def family_config(path: str, arch: str, config: Any) -> Any:
         cfg.pop("rope_theta", None)
     elif arch == "qwen3moe":
         # The experts' width; a file without the key still states it in its expert tensors' rows.
-        gate = next((t for t in reader.tensors if t.name.endswith("ffn_gate_exps.weight")), None)
-        width = meta("expert_feed_forward_length", None if gate is None else int(gate.shape[1]))
+        gate = tensors.get("blk.0.ffn_gate_exps.weight")
+        width = meta("expert_feed_forward_length", None if gate is None else int(gate.dims[1]))
         if width is None:
             raise ValueError(f"{path!r} states no expert width ({arch}.expert_feed_forward_length) and has no "
                              "ffn_gate_exps tensor.")
@@ -122,6 +121,15 @@ def family_config(path: str, arch: str, config: Any) -> Any:
         return config
     cfg.pop("model_type", None)
     return type(config).from_dict(cfg)
+
+
+def _floats(path: str, tensor: TensorInfo) -> list[float]:
+    """A small F32 tensor's values (Phi-3's LongRoPE factors)."""
+    import numpy as np
+
+    if tensor.ggml_type != 0 or len(tensor.dims) != 1:  # 0: GGML's F32
+        raise ValueError(f"GGUF tensor {tensor.name!r} in {path!r}: expected 1-D F32 values.")
+    return np.fromfile(path, dtype="<f4", count=tensor.dims[0], offset=tensor.offset).tolist()
 
 
 def _mixtral_config(llama: dict[str, Any], experts: int, used: int) -> Any:

@@ -15,10 +15,12 @@ from typing import NamedTuple
 
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
-# Byte sizes of the fixed-size value types.
-_SCALAR_SIZES = {GGUFValueType.UINT8: 1, GGUFValueType.INT8: 1, GGUFValueType.UINT16: 2, GGUFValueType.INT16: 2,
-                 GGUFValueType.UINT32: 4, GGUFValueType.INT32: 4, GGUFValueType.FLOAT32: 4, GGUFValueType.BOOL: 1,
-                 GGUFValueType.UINT64: 8, GGUFValueType.INT64: 8, GGUFValueType.FLOAT64: 8}
+# Byte sizes of the fixed-size value types, and their struct formats.
+_SCALAR_FORMATS = {GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
+                   GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
+                   GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
+                   GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d"}
+_SCALAR_SIZES = {t: struct.calcsize(f) for t, f in _SCALAR_FORMATS.items()}
 
 
 _U64 = struct.Struct("<Q")
@@ -46,6 +48,7 @@ class GGUFHeader(NamedTuple):
 
     architecture: str
     tensors: list[TensorInfo]
+    metadata: dict[str, object]  # the scalar and string values under the keys asked for (arrays are skipped)
 
 
 class _Cursor:
@@ -91,23 +94,23 @@ class _Cursor:
             return None
         if value_type not in _SCALAR_SIZES:
             raise ValueError(f"unknown metadata value type {value_type}")
-        size = _SCALAR_SIZES[GGUFValueType(value_type)]
-        raw = self.buf[self.pos:self.pos + size]
-        self.pos += size
-        return int.from_bytes(raw, "little") if keep else None
+        value_type = GGUFValueType(value_type)
+        value = struct.unpack_from("<" + _SCALAR_FORMATS[value_type], self.buf, self.pos)[0] if keep else None
+        self.pos += _SCALAR_SIZES[value_type]
+        return value
 
 
-def read_gguf_header(path: str) -> GGUFHeader:
-    """The architecture and tensor infos of a GGUF file (version 2 or 3, little-endian); `ValueError` if it is
-    not one."""
+def read_gguf_header(path: str, key_prefix: str | None = None) -> GGUFHeader:
+    """The architecture and tensor infos of a GGUF file (version 2 or 3, little-endian), and the values of the keys
+    starting with `key_prefix` if given (e.g. "gemma2."); `ValueError` if it is not one."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _read(buf, path)
+            return _read(buf, path, key_prefix)
     except (OSError, struct.error, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{path!r} is not a readable GGUF file: {e}") from e
 
 
-def _read(buf: mmap.mmap, path: str) -> GGUFHeader:
+def _read(buf: mmap.mmap, path: str, key_prefix: str | None) -> GGUFHeader:
     cur = _Cursor(buf)
     magic, version = cur.unpack("II")
     if magic != GGUF_MAGIC:
@@ -116,10 +119,14 @@ def _read(buf: mmap.mmap, path: str) -> GGUFHeader:
         raise ValueError(f"GGUF version {version} (vx reads versions 2 and 3, little-endian)")
     tensor_count, kv_count = cur.unpack("QQ")
     architecture, alignment = None, GGUF_DEFAULT_ALIGNMENT
+    metadata: dict[str, object] = {}
     for _ in range(kv_count):
         key = cur.string()
         (value_type,) = cur.unpack("I")
-        value = cur.value(value_type, keep=key in ("general.architecture", "general.alignment"))
+        wanted = key_prefix is not None and key.startswith(key_prefix)
+        value = cur.value(value_type, keep=wanted or key in ("general.architecture", "general.alignment"))
+        if wanted and value is not None:
+            metadata[key] = value
         if key == "general.architecture":
             architecture = value
         elif key == "general.alignment":
@@ -138,4 +145,4 @@ def _read(buf: mmap.mmap, path: str) -> GGUFHeader:
     for t in tensors:
         if t.ggml_type in GGML_QUANT_SIZES and t.offset + t.nbytes > len(buf):
             raise ValueError(f"tensor {t.name!r} runs past the end of the file (truncated?)")
-    return GGUFHeader(architecture, tensors)
+    return GGUFHeader(architecture, tensors, metadata)
