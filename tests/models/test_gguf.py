@@ -87,3 +87,25 @@ def test_a_deepseek_v2_file_is_refused_naming_its_architecture_and_the_supported
     with pytest.raises(ValueError, match=r"GGUF architecture 'deepseek2' is not supported \(transformers cannot read "
                                          r".*\); supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3\."):
         write_gguf_config(path, str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen3_moe"])
+def test_transformers_own_gguf_loader_reads_the_tiny_files_as_their_twins(tiny_gguf, tmp_path, family):
+    """The test files follow llama.cpp's conventions as transformers (independently of vx) reads them too: given vx's
+    config, its GGUF loader gives the float twin's logits exactly (Gemma's norms plus one, Phi-3's fused rows, the
+    stacked experts). Mixtral is left out: transformers has no GGUF reading of it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tiny = tiny_gguf("Q8_0", family=family)
+    write_gguf_config(tiny.gguf_path, str(tmp_path))
+    config = AutoConfig.from_pretrained(tmp_path)
+    del config.quantization_config
+    folder, name = tiny.gguf_path.rsplit("/", 1)
+    from_file = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32,
+                                                     attn_implementation="eager").eval()
+    twin = AutoModelForCausalLM.from_pretrained(tiny.float_dir, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+    ids = torch.randint(3, tiny.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(from_file(ids).logits, twin(ids).logits)
