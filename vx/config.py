@@ -17,7 +17,7 @@ import msgspec
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
-from vx.hf_config import HFConfig, resolve_hf_config
+from vx.hf_config import HFConfig, ResolvedHFConfig, resolve_hf_config
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
@@ -121,6 +121,9 @@ class ParallelConfig(msgspec.Struct, kw_only=True):
     # "uni" (one worker in the engine's process), "mp" (a worker process per rank), or "package.module:ClassName" of
     # an `Executor` subclass, imported in the engine process (`Executor.get_class`): a test's faulty executor, say.
     distributed_executor_backend: str = "uni"
+    # The worker class of the multiprocess executor's processes: "auto" (vx.gpu.worker.Worker), or
+    # "package.module:ClassName" of a subclass (vLLM's `worker_cls`; the tests inject faulty workers this way).
+    worker_cls: str = "auto"
 
     @property
     def world_size(self) -> int:
@@ -175,6 +178,7 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     # None: "uni" for one worker, "mp" for several (vLLM's default on one machine).
     distributed_executor_backend: str | None = None
+    worker_cls: str = "auto"
     seed: int = 0
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     grammar_cache_memory_bytes: int = _STRUCTURED_DEFAULTS.cache_memory_bytes
@@ -291,7 +295,7 @@ class EngineArgs:
         quant_method = resolve_quantization(self.quantization, hf_config)
         parallel = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
                                   pipeline_parallel_size=self.pipeline_parallel_size,
-                                  distributed_executor_backend=self.executor_backend())
+                                  distributed_executor_backend=self.executor_backend(), worker_cls=self.worker_cls)
         check_parallel_split(parallel, hf_config, archs[0], quant_method)
         return VxConfig(model_config=model_config, cache_config=cache, scheduler_config=sched, device_config=dev,
                         parallel_config=parallel, structured_outputs_config=structured,
@@ -334,6 +338,9 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a positive int, got {v!r}.")
         backend = self.executor_backend()
         _check_executor_backend(backend)
+        if self.worker_cls != "auto" and not _is_class_path(self.worker_cls):
+            raise ValueError(f"worker_cls must be 'auto' or 'package.module:ClassName' (a vx.gpu.worker.Worker "
+                             f"subclass), got {self.worker_cls!r}.")
         world = self.tensor_parallel_size * self.pipeline_parallel_size
         if backend == "uni" and world > 1:
             raise ValueError(f"distributed_executor_backend='uni' runs one worker in the engine's process; "
@@ -359,10 +366,15 @@ def _check_executor_backend(backend: Any) -> None:
         raise ValueError(f"distributed_executor_backend={backend!r} is not supported yet; use 'uni' or 'mp'.")
     if backend in _EXECUTOR_BACKENDS:
         return
-    module, _, name = backend.partition(":") if isinstance(backend, str) else ("", "", "")
-    if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+    if not _is_class_path(backend):
         raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS} or "
                          f"'package.module:ClassName' (an Executor subclass), got {backend!r}.")
+
+
+def _is_class_path(value: Any) -> bool:
+    """Whether `value` has the form "package.module:ClassName"."""
+    module, _, name = value.partition(":") if isinstance(value, str) else ("", "", "")
+    return all(part.isidentifier() for part in module.split(".")) and name.isidentifier()
 
 
 def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture: str, quant_method: str | None,
@@ -486,7 +498,7 @@ def encode_config(config: VxConfig) -> bytes:
     transformers config's `to_dict()` is resolved already, config.json as a light front end read it is not."""
     mc = config.model_config
     if mc.hf_config is not None:  # its own form: msgspec would take a transformers config apart
-        resolved = not isinstance(mc.hf_config, HFConfig)
+        resolved = not isinstance(mc.hf_config, HFConfig) or isinstance(mc.hf_config, ResolvedHFConfig)
         config = msgspec.structs.replace(config, model_config=msgspec.structs.replace(
             mc, hf_config=[mc.hf_config.to_dict(), resolved]))
     return msgspec.msgpack.encode(config)
@@ -499,7 +511,7 @@ def decode_config(data: bytes) -> VxConfig:
     mc = config.model_config
     if mc.hf_config is not None:
         fields, resolved = mc.hf_config
-        mc.hf_config = HFConfig(fields) if resolved else resolve_hf_config(fields, mc.model)
+        mc.hf_config = ResolvedHFConfig(fields) if resolved else resolve_hf_config(fields, mc.model)
     return config
 
 
