@@ -103,3 +103,10 @@ def test_workers_exit_when_their_engine_is_killed(tiny_model_dirs):
         assert wait_until(lambda: all(process_gone(pid) for pid in workers), timeout=3.0), "a worker outlived its engine"
     finally:
         llm.shutdown()
+
+
+def test_a_worker_that_fails_to_start_fails_the_engine_start_and_leaves_no_process(tiny_model_dirs):
+    before = child_pids()
+    with pytest.raises(Exception, match=r"worker rank \d failed.*names no vx.gpu.worker.Worker subclass"):
+        vx.LLM(tiny_model_dirs["llama"], **SPLIT, worker_cls="tests.support.faulty_workers:worker")
+    assert wait_until(lambda: child_pids() <= before, timeout=2.0)

@@ -74,6 +74,10 @@ def _start(startup):  # noqa: ANN202 - torch types stay out of this module's imp
     Worker = worker_class(config.parallel_config.worker_cls)  # noqa: N806
     pc = config.parallel_config
     device = config.device_config.device
+    if device == "cuda":  # before NCCL joins: each rank's communicator on its own device
+        import torch
+
+        torch.cuda.set_device(startup.local_rank)
     groups = init_parallel_groups(startup.rank, pc.tensor_parallel_size, pc.pipeline_parallel_size,
                                   startup.init_method, device=f"cuda:{startup.local_rank}" if device == "cuda" else device)
     worker = Worker(config, groups, local_rank=startup.local_rank)
