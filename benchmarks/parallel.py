@@ -28,7 +28,7 @@ from benchmarks.common import Table, make_workload, model_label, prompt_token_ra
 
 # name -> (tensor_parallel_size, pipeline_parallel_size, distributed_executor_backend)
 LAYOUTS = {"uni": (1, 1, "uni"), "1x1": (1, 1, "mp"), "2x1": (2, 1, "mp"), "1x2": (1, 2, "mp"),
-           "2x2": (2, 2, "mp")}
+           "2x2": (2, 2, "mp"), "2x1-ray": (2, 1, "ray")}
 
 
 def run_layout(model_dir: str, layout: str, workload, dtype: str, budget: int,  # noqa: ANN001
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="tiny | micro | qwen2.5-0.5b-random | default | a directory")
     ap.add_argument("--layouts", default="uni,1x1,2x1,1x2",
-                    help=f"comma list of {', '.join(LAYOUTS)} (TPxPP; uni: no worker process)")
+                    help=f"comma list of {', '.join(LAYOUTS)} (TPxPP; uni: no worker process; -ray: Ray actors)")
     ap.add_argument("--num-requests", type=int, default=16)
     ap.add_argument("--min-prompt-len", type=int, default=32)
     ap.add_argument("--max-prompt-len", type=int, default=128)
@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         share = (r["round_trip_ms"] + r["comm_ms"]) / r["step_ms"]
         table.add(layout, r["steps"], r["step_ms"], r["out_tok_s"], r["all_tok_s"],
                   f"{r['all_tok_s'] / base['all_tok_s']:.2f}x", r["round_trip_ms"], r["comm_ms"], f"{100 * share:.0f}%")
-    table.notes.append("round trip: the executor's broadcast of the step plan (one ZMQ PUB send), the workers' "
-                       "decode and the output rank's reply; collectives: the output rank's time in all-reduce / "
+    table.notes.append("round trip: the executor's broadcast of the step plan (one ZMQ PUB send; a Ray call per "
+                       "actor under -ray), the workers' decode and the output rank's reply; collectives: the output rank's time in all-reduce / "
                        "all-gather / stage recv (waiting for the other ranks included). uni has neither.")
     table.print()
 

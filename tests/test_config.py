@@ -240,7 +240,7 @@ class NotAnExecutor:
 
 
 @pytest.mark.parametrize("backend, message", [
-    ("ray", "'ray' is not supported yet"), ("threads", "package.module"),
+    ("threads", "package.module"),
     ("tests.test_config", "package.module:ClassName"), ("a b:C", "package.module"), (":C", "package.module"),
     (3, "package.module"),
 ])
@@ -286,11 +286,19 @@ def test_parallel_sizes_pick_the_executor_and_cross_to_the_engine(tiny_model_dir
     ("qwen3", dict(tensor_parallel_size=3), "must divide the model's 4 attention heads"),
     ("llama", dict(pipeline_parallel_size=4), "exceeds the model's 3 layers"),
     ("gemma2", dict(tensor_parallel_size=2), "Gemma2ForCausalLM cannot be split over workers yet"),
-    ("qwen3", dict(tensor_parallel_size=2, distributed_executor_backend="ray"), "'ray' is not supported yet"),
 ])
 def test_parallel_splits_the_model_cannot_take_are_refused(tiny_model_dirs, family, args, message):
     with pytest.raises(ValueError, match=message):
         EngineArgs(model=tiny_model_dirs[family], device="cpu", **args).create_config(light=True)
+
+
+def test_ray_is_refused_when_it_is_not_installed(tiny_model_dir, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"needs Ray, which is not installed: pip install 'vx\[ray\]'"):
+        EngineArgs(model=tiny_model_dir, tensor_parallel_size=2, distributed_executor_backend="ray").validate()
 
 
 def test_kv_heads_fewer_than_ranks_are_replicated_not_refused(tiny_model_dirs):

@@ -7,6 +7,7 @@ engine process (`encode_config` / `decode_config`), which uses it as it arrives.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -25,7 +26,6 @@ _DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # first come first served; lower `priority` value first
 # The executors DESIGN.md names (vLLM's names); else "package.module:ClassName", an Executor subclass.
 _EXECUTOR_BACKENDS = ("uni", "mp", "ray")
-_UNSUPPORTED_EXECUTOR_BACKENDS = ("ray",)
 
 DEFAULT_MAX_N_SEQUENCES = 128  # OpenAI's own limit on `n`
 
@@ -118,8 +118,8 @@ class ParallelConfig(msgspec.Struct, kw_only=True):
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    # "uni" (one worker in the engine's process), "mp" (a worker process per rank), or "package.module:ClassName" of
-    # an `Executor` subclass, imported in the engine process (`Executor.get_class`): a test's faulty executor, say.
+    # "uni" (one worker in the engine's process), "mp" (a worker process per rank), "ray" (a Ray actor per rank), or
+    # "package.module:ClassName" of an `Executor` subclass, imported in the engine process (`Executor.get_class`): a test's faulty executor, say.
     distributed_executor_backend: str = "uni"
     # The worker class of the multiprocess executor's processes: "auto" (vx.gpu.worker.Worker), or
     # "package.module:ClassName" of a subclass (vLLM's `worker_cls`; the tests inject faulty workers this way).
@@ -362,8 +362,9 @@ class EngineArgs:
 
 def _check_executor_backend(backend: Any) -> None:
     """A known backend name, or the form of a "package.module:ClassName" (imported only in the engine process)."""
-    if backend in _UNSUPPORTED_EXECUTOR_BACKENDS:
-        raise ValueError(f"distributed_executor_backend={backend!r} is not supported yet; use 'uni' or 'mp'.")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("distributed_executor_backend='ray' needs Ray, which is not installed: pip install "
+                         "'vx[ray]' (or 'ray>=2.40').")
     if backend in _EXECUTOR_BACKENDS:
         return
     if not _is_class_path(backend):

@@ -20,7 +20,7 @@ class Executor(ABC):
     @staticmethod
     def get_class(config: VxConfig) -> type[Executor]:
         """The executor class that `config.parallel_config.distributed_executor_backend` names ("uni", or
-        "mp", or "package.module:ClassName", imported here: in the engine process)."""
+        "mp", "ray", or "package.module:ClassName", imported here: in the engine process)."""
         backend = config.parallel_config.distributed_executor_backend
         if backend == "uni":
             from vx.executor.uniproc_executor import UniProcExecutor
@@ -30,6 +30,10 @@ class Executor(ABC):
             from vx.executor.multiproc import MultiprocExecutor
 
             return MultiprocExecutor
+        if backend == "ray":
+            from vx.executor.ray import RayExecutor
+
+            return RayExecutor
         module_name, _, class_name = backend.partition(":")
         cls = getattr(importlib.import_module(module_name), class_name, None)
         if not (isinstance(cls, type) and issubclass(cls, Executor)):
