@@ -5,8 +5,8 @@ runs the same forward (the tensor-parallel ranks meet in their all-reduces, the 
 on), and only the output rank (rank 0 of the last stage) answers with the step's `ModelRunnerOutput`. Why a ZMQ
 PUB socket rather than a shared-memory ring: one encode and one send a step whatever the world size, no polling
 thread, and the same sockets the engine already uses. Measured (`python -m benchmarks.parallel`, 2 cores shared
-with other jobs): a step's whole round trip (encode, broadcast, the workers' decode, the reply) costs 0.5-1 ms,
-1-2% of a step of the `tiny` model; the all-reduces inside the forward cost far more (see docs/distributed.md).
+with other jobs): a step's whole round trip (encode, broadcast, the workers' decode, the reply) costs 0.5-1.5 ms,
+1-2% of a step of the `tiny` model (a Ray call per actor: ~3 ms); the all-reduces inside the forward cost far more (see docs/distributed.md).
 
 A worker that dies or raises fails the engine at once: the executor polls every worker's sentinel pipe beside the
 reply socket, so `execute_model` raises (and the engine reports `EngineDeadError` to every stream) the moment a
