@@ -94,3 +94,17 @@ async def test_sigkill_of_a_ray_actor_mid_stream_fails_every_stream(ray_address,
         with pytest.raises(vx.EngineDeadError, match="Ray worker rank"):
             await llm.complete("after", params)
     assert wait_until(lambda: process_gone(engine_pid) and not _ray_workers(), timeout=5.0), "a process was left"
+
+
+def test_ray_actors_end_when_their_engine_is_killed(ray_address, model_dirs, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    before = {p.pid for p in psutil.Process().children()}
+    llm = vx.LLM(model_dirs["llama"], multiprocess=True, **ENGINE_KWARGS, tensor_parallel_size=2,
+                 distributed_executor_backend="ray")
+    try:
+        [engine_pid] = {p.pid for p in psutil.Process().children()} - before
+        assert len(_ray_workers()) == 2
+        os.kill(engine_pid, signal.SIGKILL)
+        assert wait_until(lambda: not _ray_workers(), timeout=5.0), "a Ray actor outlived its engine"
+    finally:
+        llm.shutdown()

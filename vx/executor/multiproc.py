@@ -83,6 +83,8 @@ class MultiprocExecutor(Executor):
         self._calls.setsockopt(zmq.SNDHWM, 0)
         self._replies = self._ctx.socket(zmq.PULL)
         self._replies.setsockopt(zmq.RCVHWM, 0)
+        for sock in (self._calls, self._replies):  # an interpreter exiting without shutdown() must not hang here
+            sock.setsockopt(zmq.LINGER, 0)
         call_addr = f"ipc://{os.path.join(self._dir, 'calls')}"
         reply_addr = f"ipc://{os.path.join(self._dir, 'replies')}"
         try:
