@@ -182,12 +182,11 @@ class ModelRunner:
             block_size=self.block_size,
         )) for block_table, slot_mapping in zip(inp.block_tables, inp.slot_mappings)]
         attn_metadata = per_group[0] if len(per_group) == 1 else per_group
-        intermediate = None
+        args = [inp.input_ids.to(dev, non_blocking=True), inp.positions.to(dev, non_blocking=True), attn_metadata]
         if not self.is_first_stage:  # the previous stage's (hidden, residual)
-            intermediate = self.groups.pp.recv((2, scheduler_output.total_num_scheduled_tokens,
-                                                self.model_config.hf_config.hidden_size), self.dtype, device=dev)
-        out = self.model(inp.input_ids.to(dev, non_blocking=True), inp.positions.to(dev, non_blocking=True),
-                         attn_metadata, intermediate)
+            args.append(self.groups.pp.recv((2, scheduler_output.total_num_scheduled_tokens,
+                                             self.model_config.hf_config.hidden_size), self.dtype, device=dev))
+        out = self.model(*args)
         if not self.is_last_stage:
             self.groups.pp.send(out)
         return out
