@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 600.0  # loading a large shard can take minutes
 _SHUTDOWN_WAIT_S = 5.0  # a healthy worker's exit after the shutdown call
+_LAST_WORDS_S = 0.2  # how long a worker's error may trail its exit on the reply socket
 
 
 class WorkerFailedError(RuntimeError):
@@ -162,7 +163,7 @@ class MultiprocExecutor(Executor):
                 self._fail(f"the workers did not answer within {timeout_s:.0f} s")
             for worker in self.workers:
                 if worker.sentinel in events:
-                    self._fail(f"worker rank {worker.rank} (pid {worker.pid}) {worker.exit_description()}")
+                    self._fail_dead(worker)
             if self._replies in events:
                 while True:
                     try:
@@ -171,7 +172,7 @@ class MultiprocExecutor(Executor):
                         break
                     header = self._reply_decoder.decode(header_frame)
                     if header.error is not None:
-                        self._fail(f"worker rank {header.rank} failed: {header.error}")
+                        self._fail_error(header)
                     if header.seq == seq and header.rank in ranks:
                         got[header.rank] = (header, body)
         return got
@@ -191,11 +192,35 @@ class MultiprocExecutor(Executor):
                 self._fail("the workers did not connect in time")
             for worker in self.workers:
                 if worker.sentinel in events:
-                    self._fail(f"worker rank {worker.rank} (pid {worker.pid}) {worker.exit_description()} "
-                               "while starting")
+                    self._fail_dead(worker, " while starting")
             if self._calls in events:
                 if self._calls.recv()[:1] == b"\x01":
                     subscribed += 1
+
+    def _fail_dead(self, worker: WorkerProcess, when: str = "") -> None:
+        """Fail for a worker that exited: with the error it sent before exiting when there is one (a failed start
+        sends its traceback, then exits; the exit can be seen first), else with how it ended."""
+        deadline = time.monotonic() + _LAST_WORDS_S
+        while self._replies.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            header = self._reply_decoder.decode(self._replies.recv_multipart()[0])
+            if header.error is not None and header.rank == worker.rank:  # not the others' errors it caused
+                self._fail(f"worker rank {header.rank} failed: {header.error}")
+        self._fail(f"worker rank {worker.rank} (pid {worker.pid}) {worker.exit_description()}{when}")
+
+    def _fail_error(self, header: WorkerReply) -> None:
+        """Fail for a worker's error; when another worker has just died, for that death first: a rank's collective
+        fails ("connection closed by peer") because a peer died, and its error can arrive before the death is seen."""
+        poller = zmq.Poller()
+        for worker in self.workers:
+            if worker.rank != header.rank:
+                poller.register(worker.sentinel, zmq.POLLIN)
+        dead = {fd for fd, _ in poller.poll(int(_LAST_WORDS_S * 1000))}
+        for worker in self.workers:
+            if worker.sentinel in dead:
+                first_line = (header.error or "").splitlines()[0]
+                self._fail(f"worker rank {worker.rank} (pid {worker.pid}) {worker.exit_description()}; then worker "
+                           f"rank {header.rank} failed: {first_line}")
+        self._fail(f"worker rank {header.rank} failed: {header.error}")
 
     def _fail(self, reason: str) -> None:
         self._failed = reason

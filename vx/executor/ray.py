@@ -28,6 +28,7 @@ from vx.step import ModelRunnerOutput, SchedulerOutput, StepDecoder, encode_step
 logger = logging.getLogger(__name__)
 
 _PLACEMENT_TIMEOUT_S = 120.0  # a cluster without the resources for every rank never places the group
+_LAST_WORDS_S = 0.2  # how long an actor's death may trail the error it causes in another rank
 
 
 class RayExecutor(Executor):
@@ -143,10 +144,26 @@ class RayExecutor(Executor):
                     continue
                 header = self._reply_decoder.decode(answer[0])
                 if header.error is not None:
-                    self._fail(f"worker rank {header.rank} failed: {header.error}")
+                    self._fail_error(header, {ref: wanted.get(ref, self._pending.get(ref)) for ref in waiting})
                 if ref in wanted:
                     got[rank] = (header, answer[1])
         return got
+
+    def _fail_error(self, header: WorkerReply, others: dict) -> None:
+        """Fail for a rank's error; when another rank's actor has just died, for that death first (the error is
+        often its consequence: a collective whose peer is gone)."""
+        import ray
+
+        if others:
+            ready, _ = ray.wait(list(others), num_returns=len(others), timeout=_LAST_WORDS_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - the death that came first
+                    first_line = (header.error or "").splitlines()[0]
+                    self._fail(f"Ray worker rank {others[ref]} failed: {type(e).__name__}: {e}; then worker rank "
+                               f"{header.rank} failed: {first_line}")
+        self._fail(f"worker rank {header.rank} failed: {header.error}")
 
     def _fail(self, reason: str) -> None:
         self._failed = reason
