@@ -54,7 +54,7 @@ def main() -> None:
     except BaseException as e:  # noqa: BLE001 - the executor reports it as the engine's start-up failure
         error = describe_exception(e)
         replies.send_multipart([encode(WorkerReply(seq=STARTUP_SEQ, rank=startup.rank, error=error)), b""])
-        _exit(replies, 1)
+        _exit(ctx, calls, replies, 1)
     replies.send_multipart([encode(WorkerReply(seq=STARTUP_SEQ, rank=startup.rank)), b""])
     header_decoder = msgspec.msgpack.Decoder(WorkerCall)
     while True:  # answer calls until `shutdown`
@@ -66,7 +66,7 @@ def main() -> None:
         if answer is not None:
             replies.send_multipart([encode(answer[0]), answer[1]], copy=False)
     host.shutdown()
-    _exit(replies, 0)
+    _exit(ctx, calls, replies, 0)
 
 
 def watch_parent(fd: int) -> None:
@@ -84,9 +84,12 @@ def watch_parent(fd: int) -> None:
     threading.Thread(target=watch, name="vx-worker-parent-watchdog", daemon=True).start()
 
 
-def _exit(replies: zmq.Socket, code: int) -> None:
-    """Let the last reply leave, then skip the interpreter's teardown of torch & co."""
+def _exit(ctx: zmq.Context, calls: zmq.Socket, replies: zmq.Socket, code: int) -> None:
+    """Let the last reply leave (terminating the context waits for it, up to the linger), then skip the
+    interpreter's teardown of torch & co."""
+    calls.close(linger=0)
     replies.close(linger=2000)
+    ctx.term()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
