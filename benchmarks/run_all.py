@@ -58,6 +58,7 @@ FULL: list[tuple[str, list[str]]] = [
     ("latency", []),
     ("batch_throughput", []),
     ("hf_quantization", []),
+    ("parallel", []),
 ]
 MODEL_FREE = {"engine_overhead", "quant_matmul"}
 

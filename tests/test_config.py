@@ -240,9 +240,9 @@ class NotAnExecutor:
 
 
 @pytest.mark.parametrize("backend, message", [
-    ("mp", "'mp' is not supported yet"), ("ray", "'ray' is not supported yet"), ("threads", "package.module"),
+    ("threads", "package.module"),
     ("tests.test_config", "package.module:ClassName"), ("a b:C", "package.module"), (":C", "package.module"),
-    (None, "package.module"),
+    (3, "package.module"),
 ])
 def test_bad_executor_backends_are_refused(tiny_model_dir, backend, message):
     with pytest.raises(ValueError, match=message):
@@ -263,6 +263,48 @@ def test_the_executor_class_is_the_one_the_config_names(tiny_model_dir):
         Executor.get_class(named(f"{__name__}:NotAnExecutor"))
     with pytest.raises(ModuleNotFoundError):
         Executor.get_class(named("no_such_module:Executor"))
+
+
+# ------------------------------------------------------------------------------- parallelism (vLLM's names)
+def test_parallel_sizes_pick_the_executor_and_cross_to_the_engine(tiny_model_dirs):
+    from vx.executor import Executor
+    from vx.executor.multiproc import MultiprocExecutor
+
+    one = EngineArgs(model=tiny_model_dirs["qwen3"], device="cpu").create_config(light=True)
+    assert one.parallel_config.distributed_executor_backend == "uni" and one.parallel_config.world_size == 1
+    split = EngineArgs(model=tiny_model_dirs["llama"], device="cpu", tensor_parallel_size=2,
+                       pipeline_parallel_size=3).create_config(light=True)
+    pc = decode_config(encode_config(split)).parallel_config
+    assert (pc.tensor_parallel_size, pc.pipeline_parallel_size, pc.world_size) == (2, 3, 6)
+    assert pc.distributed_executor_backend == "mp" and Executor.get_class(split) is MultiprocExecutor
+
+
+@pytest.mark.parametrize("family, args, message", [
+    ("qwen3", dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive int"),
+    ("qwen3", dict(pipeline_parallel_size=True), "pipeline_parallel_size must be a positive int"),
+    ("qwen3", dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "need 'mp'"),
+    ("qwen3", dict(tensor_parallel_size=3), "must divide the model's 4 attention heads"),
+    ("llama", dict(pipeline_parallel_size=4), "exceeds the model's 3 layers"),
+    ("gemma2", dict(tensor_parallel_size=2), "Gemma2ForCausalLM cannot be split over workers yet"),
+])
+def test_parallel_splits_the_model_cannot_take_are_refused(tiny_model_dirs, family, args, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model=tiny_model_dirs[family], device="cpu", **args).create_config(light=True)
+
+
+def test_ray_is_refused_when_it_is_not_installed(tiny_model_dir, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"needs Ray, which is not installed: pip install 'vx\[ray\]'"):
+        EngineArgs(model=tiny_model_dir, tensor_parallel_size=2, distributed_executor_backend="ray").validate()
+
+
+def test_kv_heads_fewer_than_ranks_are_replicated_not_refused(tiny_model_dirs):
+    # The tiny Qwen3 has 2 KV heads: 4 ranks hold one replica each.
+    config = EngineArgs(model=tiny_model_dirs["qwen3"], device="cpu", tensor_parallel_size=4).create_config(light=True)
+    assert config.parallel_config.tensor_parallel_size == 4
 
 
 # ------------------------------------------------------------------------------------------ quantization

@@ -7,6 +7,7 @@ engine process (`encode_config` / `decode_config`), which uses it as it arrives.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -16,16 +17,15 @@ import msgspec
 
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
-from vx.model_architectures import unsupported_architecture
-from vx.hf_config import HFConfig, resolve_hf_config
+from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
+from vx.hf_config import HFConfig, ResolvedHFConfig, resolve_hf_config
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # first come first served; lower `priority` value first
-# The executors DESIGN.md names; only "uni" exists so far. Else "package.module:ClassName", an Executor subclass.
+# The executors DESIGN.md names (vLLM's names); else "package.module:ClassName", an Executor subclass.
 _EXECUTOR_BACKENDS = ("uni", "mp", "ray")
-_UNSUPPORTED_EXECUTOR_BACKENDS = ("mp", "ray")
 
 DEFAULT_MAX_N_SEQUENCES = 128  # OpenAI's own limit on `n`
 
@@ -140,12 +140,22 @@ class StructuredOutputsConfig(msgspec.Struct, kw_only=True):
 
 
 class ParallelConfig(msgspec.Struct, kw_only=True):
-    """Tensor parallelism (only 1 is supported for now) and the executor that reaches the workers."""
+    """How the model is split over workers (tensor-parallel ranks x pipeline stages) and the executor that reaches
+    them."""
 
     tensor_parallel_size: int = 1
-    # "uni" (one worker in the engine's process), or "package.module:ClassName" of an `Executor` subclass, imported
-    # in the engine process (`Executor.get_class`): a test's faulty executor, say.
+    pipeline_parallel_size: int = 1
+    # "uni" (one worker in the engine's process), "mp" (a worker process per rank), "ray" (a Ray actor per rank), or
+    # "package.module:ClassName" of an `Executor` subclass, imported in the engine process (`Executor.get_class`): a test's faulty executor, say.
     distributed_executor_backend: str = "uni"
+    # The worker class of the multiprocess executor's processes: "auto" (vx.gpu.worker.Worker), or
+    # "package.module:ClassName" of a subclass (vLLM's `worker_cls`; the tests inject faulty workers this way).
+    worker_cls: str = "auto"
+
+    @property
+    def world_size(self) -> int:
+        """Workers in all: one per (pipeline stage, tensor-parallel rank)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 class QuantConfig(msgspec.Struct, kw_only=True):
@@ -192,7 +202,10 @@ class EngineArgs:
     attention_backend: str = "auto"
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
-    distributed_executor_backend: str = "uni"
+    pipeline_parallel_size: int = 1
+    # None: "uni" for one worker, "mp" for several (vLLM's default on one machine).
+    distributed_executor_backend: str | None = None
+    worker_cls: str = "auto"
     seed: int = 0
     max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
     grammar_cache_memory_bytes: int = _STRUCTURED_DEFAULTS.cache_memory_bytes
@@ -306,12 +319,20 @@ class EngineArgs:
             compile_timeout_s=float(self.grammar_compile_timeout_s),
             compile_workers=self.grammar_compile_workers or default_grammar_compile_workers(),
         )
+        quant_method = resolve_quantization(self.quantization, hf_config)
+        parallel = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
+                                  pipeline_parallel_size=self.pipeline_parallel_size,
+                                  distributed_executor_backend=self.executor_backend(), worker_cls=self.worker_cls)
+        check_parallel_split(parallel, hf_config, archs[0], quant_method)
         return VxConfig(model_config=model_config, cache_config=cache, scheduler_config=sched, device_config=dev,
-                        parallel_config=ParallelConfig(
-                            tensor_parallel_size=self.tensor_parallel_size,
-                            distributed_executor_backend=self.distributed_executor_backend),
-                        structured_outputs_config=structured,
-                        quant_config=QuantConfig(method=resolve_quantization(self.quantization, hf_config)))
+                        parallel_config=parallel, structured_outputs_config=structured,
+                        quant_config=QuantConfig(method=quant_method))
+
+    def executor_backend(self) -> str:
+        """`distributed_executor_backend`, its default resolved: "uni" for one worker, "mp" for several."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "uni" if self.tensor_parallel_size * self.pipeline_parallel_size == 1 else "mp"
 
     def _check_scalars(self) -> None:
         if self.dtype not in _DTYPES:
@@ -338,9 +359,20 @@ class EngineArgs:
             raise ValueError(f"block_size must be a positive power of two, got {self.block_size!r}.")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}.")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1.")
-        _check_executor_backend(self.distributed_executor_backend)
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}.")
+        backend = self.executor_backend()
+        _check_executor_backend(backend)
+        if self.worker_cls != "auto" and not _is_class_path(self.worker_cls):
+            raise ValueError(f"worker_cls must be 'auto' or 'package.module:ClassName' (a vx.gpu.worker.Worker "
+                             f"subclass), got {self.worker_cls!r}.")
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if backend == "uni" and world > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one worker in the engine's process; "
+                             f"tensor_parallel_size x pipeline_parallel_size = {world} workers need 'mp' (a process "
+                             "per rank) or 'ray'.")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}.")
         for name in ("max_n_sequences", "grammar_cache_memory_bytes", "max_grammar_memory_bytes"):
@@ -357,14 +389,45 @@ class EngineArgs:
 
 def _check_executor_backend(backend: Any) -> None:
     """A known backend name, or the form of a "package.module:ClassName" (imported only in the engine process)."""
-    if backend in _UNSUPPORTED_EXECUTOR_BACKENDS:
-        raise ValueError(f"distributed_executor_backend={backend!r} is not supported yet; use 'uni'.")
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("distributed_executor_backend='ray' needs Ray, which is not installed: pip install "
+                         "'vx[ray]' (or 'ray>=2.40').")
     if backend in _EXECUTOR_BACKENDS:
         return
-    module, _, name = backend.partition(":") if isinstance(backend, str) else ("", "", "")
-    if not (all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+    if not _is_class_path(backend):
         raise ValueError(f"distributed_executor_backend must be one of {_EXECUTOR_BACKENDS} or "
                          f"'package.module:ClassName' (an Executor subclass), got {backend!r}.")
+
+
+def _is_class_path(value: Any) -> bool:
+    """Whether `value` has the form "package.module:ClassName"."""
+    module, _, name = value.partition(":") if isinstance(value, str) else ("", "", "")
+    return all(part.isidentifier() for part in module.split(".")) and name.isidentifier()
+
+
+def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture: str, quant_method: str | None,
+                         ) -> None:
+    """The model can be split as `parallel` asks: a family whose layers shard, attention heads (and KV heads, or
+    ranks over KV heads: each rank then holds a replica) divisible by the tensor-parallel ranks, at least one layer
+    a pipeline stage, no quantized weights under tensor parallelism (not sharded yet). ValueError naming the field."""
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if tp * pp == 1:
+        return
+    if architecture not in PARALLEL_ARCHITECTURES:
+        raise ValueError(f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}: {architecture} cannot be split "
+                         f"over workers yet; these can: {', '.join(sorted(PARALLEL_ARCHITECTURES))}.")
+    heads, kv_heads = int(hf_config.num_attention_heads), hf_num_kv_heads(hf_config)
+    if heads % tp:
+        raise ValueError(f"tensor_parallel_size={tp} must divide the model's {heads} attention heads.")
+    if kv_heads % tp and tp % kv_heads:
+        raise ValueError(f"tensor_parallel_size={tp} must divide the model's {kv_heads} KV heads, or be a multiple "
+                         "of them (each rank then holds a replica of one).")
+    layers = int(hf_config.num_hidden_layers)
+    if pp > layers:
+        raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {layers} layers (each stage needs one).")
+    if tp > 1 and quant_method is not None:
+        raise ValueError(f"tensor_parallel_size={tp}: quantized weights ({quant_method}) are not split across "
+                         "tensor-parallel ranks yet; use tensor_parallel_size=1 (pipeline_parallel_size may be > 1).")
 
 
 def checkpoint_quantization_config(hf_config: Any) -> dict[str, Any] | None:
@@ -463,7 +526,7 @@ def encode_config(config: VxConfig) -> bytes:
     transformers config's `to_dict()` is resolved already, config.json as a light front end read it is not."""
     mc = config.model_config
     if mc.hf_config is not None:  # its own form: msgspec would take a transformers config apart
-        resolved = not isinstance(mc.hf_config, HFConfig)
+        resolved = not isinstance(mc.hf_config, HFConfig) or isinstance(mc.hf_config, ResolvedHFConfig)
         config = msgspec.structs.replace(config, model_config=msgspec.structs.replace(
             mc, hf_config=[mc.hf_config.to_dict(), resolved]))
     return msgspec.msgpack.encode(config)
@@ -476,7 +539,7 @@ def decode_config(data: bytes) -> VxConfig:
     mc = config.model_config
     if mc.hf_config is not None:
         fields, resolved = mc.hf_config
-        mc.hf_config = HFConfig(fields) if resolved else resolve_hf_config(fields, mc.model)
+        mc.hf_config = ResolvedHFConfig(fields) if resolved else resolve_hf_config(fields, mc.model)
     return config
 
 

@@ -35,6 +35,11 @@ class HFConfig(dict):
         return dict(self)
 
 
+class ResolvedHFConfig(HFConfig):
+    """An `HFConfig` of every field transformers resolves (`resolve_hf_config`, or a resolved config as it crossed
+    to the engine): it crosses on (to worker processes) as it is, never resolved again."""
+
+
 def hf_config_from_dict(data: dict[str, Any], model_path: str) -> Any:
     """The transformers config of a config.json dict (or of a transformers config's `to_dict()`): what
     `AutoConfig.from_pretrained` builds from the file. Imports transformers."""
@@ -59,20 +64,20 @@ def resolved_config_path(fields: dict[str, Any]) -> str:
     return os.path.join(envs.VX_CACHE_DIR.get(), "hf-config", f"{key}.json")
 
 
-def resolve_hf_config(fields: dict[str, Any], model_path: str) -> HFConfig:
+def resolve_hf_config(fields: dict[str, Any], model_path: str) -> ResolvedHFConfig:
     """config.json's `fields` with every default transformers fills in for the model type: from the cache when the
     same fields were resolved before with this transformers, else through transformers (then cached)."""
     path = resolved_config_path(fields)
     try:
         with open(path, "rb") as f:
-            return HFConfig(msgspec.json.decode(f.read()))
+            return ResolvedHFConfig(msgspec.json.decode(f.read()))
     except (OSError, msgspec.DecodeError):
         pass
     resolved = hf_config_from_dict(fields, model_path).to_dict()
     try:
         data = msgspec.json.encode(resolved)
     except (TypeError, ValueError, msgspec.EncodeError):  # a value JSON cannot hold: run from it, uncached
-        return HFConfig(resolved)
+        return ResolvedHFConfig(resolved)
     try:  # the cache is an optimisation: a read-only or full disk only costs the next engine the import
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
@@ -83,4 +88,4 @@ def resolve_hf_config(fields: dict[str, Any], model_path: str) -> HFConfig:
         pass
     # As a later engine reads it back from the cache (JSON makes the label maps' int keys strings), so that the
     # first engine and every later one run from the same fields.
-    return HFConfig(msgspec.json.decode(data))
+    return ResolvedHFConfig(msgspec.json.decode(data))

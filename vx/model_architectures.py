@@ -25,6 +25,12 @@ MODEL_CLASSES: Mapping[str, str] = MappingProxyType({
 """Hugging Face architecture name (config.json `architectures`) -> "module:class" of vx's model."""
 
 
+PARALLEL_ARCHITECTURES: frozenset[str] = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
+"""The architectures whose model builds one rank's shard and one pipeline stage's layers (vx/models/llama.py):
+the ones `tensor_parallel_size` / `pipeline_parallel_size` above 1 accept."""
+
+
 def unsupported_architecture(arch: str) -> str | None:
     """Why `arch` cannot run (None = it can): the message names the supported architectures."""
     if arch in MODEL_CLASSES:

@@ -245,3 +245,10 @@ def test_batch_throughput(tiny_gguf, capsys):
     assert all(r[-1] == "1.00x" for r in rows[1:] if r[1] == "vx")  # vx is its own reference
     assert "HF batch size: the fastest in a probe" in out and "batches of " in out
     assert "above a bare torch process" in out and "Machine:" in out
+
+
+def test_parallel(micro_model, capsys):
+    get_main("parallel")(["--model", micro_model, "--layouts", "uni,2x1,1x2", "--num-requests", "2",
+                          "--output-len", "3", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "| 2x1 " in out and "| 1x2 " in out and "comm share" in out

@@ -48,9 +48,13 @@ class EngineCore:
         t0 = time.perf_counter()
         self.config = config
         self.executor = (executor_class or Executor.get_class(config))(config)
-        kv_size = self.executor.determine_kv_cache_size()
-        num_blocks = kv_size.num_blocks
-        self.executor.initialize_kv_cache(num_blocks, kv_size.groups)
+        try:
+            kv_size = self.executor.determine_kv_cache_size()
+            num_blocks = kv_size.num_blocks
+            self.executor.initialize_kv_cache(num_blocks, kv_size.groups)
+        except BaseException:
+            self.executor.shutdown()  # its worker processes must not outlive a failed start
+            raise
         cc = config.cache_config
         self.kv_cache_manager = KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching, kv_size.groups)
         # Costs nothing until a request asks for structured output (xgrammar loads lazily).

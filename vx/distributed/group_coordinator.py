@@ -6,6 +6,10 @@ collective locally without touching torch.distributed, so the single-device path
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -29,6 +33,17 @@ class GroupCoordinator:
         self.rank_in_group = self.ranks.index(rank)
         self.world_size = len(self.ranks)
         self.group = group
+        # Seconds this process has spent inside the group's collectives (waiting for the other ranks included):
+        # the communication share of a step, which the workers report (benchmarks/parallel.py).
+        self.comm_seconds = 0.0
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.comm_seconds += time.perf_counter() - t0
 
     @property
     def is_first_rank(self) -> bool:
@@ -51,7 +66,8 @@ class GroupCoordinator:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the group's ranks (in place; returned)."""
         if self.world_size > 1:
-            dist.all_reduce(x, group=self.group)
+            with self._timed():
+                dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -59,7 +75,8 @@ class GroupCoordinator:
         if self.world_size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
+        with self._timed():
+            dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
     def gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
@@ -68,22 +85,26 @@ class GroupCoordinator:
         if self.world_size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.is_first_rank else None
-        dist.gather(x.contiguous(), parts, dst=self.ranks[0], group=self.group)
+        with self._timed():
+            dist.gather(x.contiguous(), parts, dst=self.ranks[0], group=self.group)
         return torch.cat(parts, dim=dim) if parts is not None else None
 
     def broadcast(self, x: torch.Tensor, src_in_group: int = 0) -> torch.Tensor:
         """`x` as the group's rank `src_in_group` holds it, on every rank (in place; returned)."""
         if self.world_size > 1:
-            dist.broadcast(x, src=self.ranks[src_in_group], group=self.group)
+            with self._timed():
+                dist.broadcast(x, src=self.ranks[src_in_group], group=self.group)
         return x
 
     def send(self, x: torch.Tensor, dst: int | None = None) -> None:
         """Send `x` to the global rank `dst` (default: the next rank), e.g. hidden states to the next stage."""
-        dist.send(x.contiguous(), dst=self.next_rank if dst is None else dst, group=self.group)
+        with self._timed():
+            dist.send(x.contiguous(), dst=self.next_rank if dst is None else dst, group=self.group)
 
     def recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int | None = None,
              device: torch.device | str = "cpu") -> torch.Tensor:
         """A tensor of `shape` and `dtype` from the global rank `src` (default: the previous rank)."""
         x = torch.empty(shape, dtype=dtype, device=device)
-        dist.recv(x, src=self.prev_rank if src is None else src, group=self.group)
+        with self._timed():
+            dist.recv(x, src=self.prev_rank if src is None else src, group=self.group)
         return x

@@ -62,3 +62,13 @@ def destroy_parallel_groups() -> None:
     """Leave the process group (idempotent): every group made with it ends."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def pp_layer_range(num_layers: int, stage: int, num_stages: int) -> tuple[int, int]:
+    """The layers [start, end) of pipeline stage `stage`: an even split, the earlier stages taking one more each
+    when it does not divide (the last stage also computes the LM head)."""
+    if not 0 < num_stages <= num_layers:
+        raise ValueError(f"{num_stages} pipeline stages cannot split {num_layers} layers (each stage needs one).")
+    base, extra = divmod(num_layers, num_stages)
+    start = stage * base + min(stage, extra)
+    return start, start + base + (1 if stage < extra else 0)

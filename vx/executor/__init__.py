@@ -1,5 +1,6 @@
-"""Executors: how the engine core reaches its workers (one in-process worker today; worker processes and Ray
-actors beside it later)."""
+"""Executors: how the engine core reaches its workers: one in-process worker (`UniProcExecutor`), a worker process
+per rank (`vx.executor.multiproc.MultiprocExecutor`), a Ray actor per rank (`vx.executor.ray.RayExecutor`); the
+last two are imported when a config names them (`Executor.get_class`)."""
 
 from vx.executor.abstract import Executor
 from vx.executor.uniproc_executor import UniProcExecutor

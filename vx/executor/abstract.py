@@ -20,12 +20,20 @@ class Executor(ABC):
     @staticmethod
     def get_class(config: VxConfig) -> type[Executor]:
         """The executor class that `config.parallel_config.distributed_executor_backend` names ("uni", or
-        "package.module:ClassName", imported here: in the engine process)."""
+        "mp", "ray", or "package.module:ClassName", imported here: in the engine process)."""
         backend = config.parallel_config.distributed_executor_backend
         if backend == "uni":
             from vx.executor.uniproc_executor import UniProcExecutor
 
             return UniProcExecutor
+        if backend == "mp":
+            from vx.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        if backend == "ray":
+            from vx.executor.ray import RayExecutor
+
+            return RayExecutor
         module_name, _, class_name = backend.partition(":")
         cls = getattr(importlib.import_module(module_name), class_name, None)
         if not (isinstance(cls, type) and issubclass(cls, Executor)):

@@ -42,6 +42,16 @@ def bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype | str
     return layers * per_layer * fmt.cache_dtype(torch_dtype(dtype)).itemsize
 
 
+def layers_bytes_per_block(layers: Sequence[Attention], block_size: int, dtype: torch.dtype | str,
+                           backend: type[AttentionBackend] = TorchAttentionBackend, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one block costs over these Attention layers as built: one rank's share of a model split over
+    workers (its stage's layers, its KV heads)."""
+    fmt = kv_cache_format(kv_cache_dtype)
+    per_block = sum(math.prod(_layer_shape(backend, fmt, 1, block_size, layer.num_kv_heads, layer.head_dim))
+                    for layer in layers)
+    return per_block * fmt.cache_dtype(torch_dtype(dtype)).itemsize
+
+
 def _layer_shape(backend: type[AttentionBackend], fmt: KVCacheFormat, num_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
     """One layer's cache shape: the backend's layout with the format's row (head_dim values, or codes + scale)."""

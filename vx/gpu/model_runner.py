@@ -9,13 +9,14 @@ import torch
 
 from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.config import VxConfig, checkpoint_quantization_config, hf_kv_cache_dims
+from vx.distributed import ParallelGroups
 from vx.gpu.attention import get_attn_backend
 from vx import envs
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.decode_graphs import DecodeGraphs
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
-from vx.gpu.kv_cache import attention_layers, bind_kv_caches, bytes_per_block
+from vx.gpu.kv_cache import attention_layers, bind_kv_caches, bytes_per_block, layers_bytes_per_block
 from vx.gpu.pooler import pool_step
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
@@ -28,10 +29,20 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    """Owns the model, its KV cache tensors, the persistent batch state and the sampler."""
+    """Owns the model, its KV cache tensors, the persistent batch state and the sampler.
 
-    def __init__(self, config: VxConfig, device: torch.device) -> None:
+    One of several ranks (`groups`) holds its shard of its pipeline stage: every rank of a stage runs the same
+    forward (their collectives meet), a stage that is not the first receives the previous stage's hidden states and
+    one that is not the last sends its own on; only the output rank (the last stage's first tensor-parallel rank)
+    samples and returns tokens.
+    """
+
+    def __init__(self, config: VxConfig, device: torch.device, groups: ParallelGroups | None = None) -> None:
         self.config = config
+        self.groups = groups if groups is not None and groups.world_size > 1 else None
+        self.is_first_stage = self.groups is None or self.groups.pp.is_first_rank
+        self.is_last_stage = self.groups is None or self.groups.pp.is_last_rank
+        self.is_output_rank = self.is_last_stage and (self.groups is None or self.groups.tp.is_first_rank)
         self.model_config = config.model_config
         self.device = device
         self.dtype = torch_dtype(config.model_config.dtype)
@@ -53,9 +64,15 @@ class ModelRunner:
         mc = self.model_config
         quant_config = get_quantization_config(self.config.quant_config.method,
                                                checkpoint_quantization_config(mc.hf_config))
-        self.model = DefaultModelLoader().load_model(mc.model, mc.hf_config, self.dtype, self.device, quant_config)
+        groups = {} if self.groups is None else {"tp_group": self.groups.tp, "pp_group": self.groups.pp}
+        self.model = DefaultModelLoader().load_model(mc.model, mc.hf_config, self.dtype, self.device, quant_config,
+                                                     **groups)
 
     def kv_cache_bytes_per_block(self) -> int:
+        """A block's bytes over this rank's layers (all of them, or its stage's shard of them)."""
+        if self.groups is not None:
+            return layers_bytes_per_block(attention_layers(self.model), self.block_size, self.dtype,
+                                          self.attn_backend, self.kv_cache_dtype)
         return bytes_per_block(self.model_config, self.block_size, self.dtype, self.attn_backend, self.kv_cache_dtype)
 
     def layer_windows(self) -> list[int | None]:
@@ -78,7 +95,8 @@ class ModelRunner:
         when = envs.VX_DECODE_COMPILE.get()
         if when not in ("background", "startup", "off"):
             raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
-        if (self.config.device_config.enforce_eager or when == "off"
+        # A rank of several runs eagerly: its collectives and stage transfers are not captured in a graph yet.
+        if (self.config.device_config.enforce_eager or when == "off" or self.groups is not None
                 or not getattr(self.model, "supports_decode_graphs", True)
                 or not self.attn_backend.supports_decode_graphs(self.device.type)):
             return
@@ -112,6 +130,8 @@ class ModelRunner:
         # Every scheduled request runs, a failed one too: its blocks may be shared with another request that reads
         # them in this very step (prefix caching registers blocks when they are allocated).
         hidden = self._forward(scheduler_output, inp)
+        if not self.is_last_stage:
+            return ModelRunnerOutput([], [], failed=failed)
         prompt_logprobs = self._prompt_logprobs(scheduler_output, inp.query_start_loc, hidden, failed)
         pooled = None
         if inp.pooling_rows:  # embedding requests: their hidden states, pooled; they sample nothing
@@ -125,6 +145,8 @@ class ModelRunner:
             # Before sampling, so greedy and random rows (and the logits processors) see only allowed tokens.
             apply_grammar_bitmask(logits, scheduler_output.grammar_bitmask, scheduler_output.grammar_req_ids,
                                   inp.sampling_req_ids)
+        if not self.is_output_rank:  # its logits were this rank's part of the gather; the output rank samples
+            return ModelRunnerOutput([], [], failed=failed)
         if len(rows) < len(inp.sampling_req_ids):
             logits = logits[torch.tensor(rows, device=self.device)]
         states = [inp.sampling_states[i] for i in rows]
@@ -162,8 +184,14 @@ class ModelRunner:
             block_size=self.block_size,
         )) for block_table, slot_mapping in zip(inp.block_tables, inp.slot_mappings)]
         attn_metadata = per_group[0] if len(per_group) == 1 else per_group
-        return self.model(inp.input_ids.to(dev, non_blocking=True), inp.positions.to(dev, non_blocking=True),
-                          attn_metadata)
+        args = [inp.input_ids.to(dev, non_blocking=True), inp.positions.to(dev, non_blocking=True), attn_metadata]
+        if not self.is_first_stage:  # the previous stage's (hidden, residual)
+            args.append(self.groups.pp.recv((2, scheduler_output.total_num_scheduled_tokens,
+                                             self.model_config.hf_config.hidden_size), self.dtype, device=dev))
+        out = self.model(*args)
+        if not self.is_last_stage:
+            self.groups.pp.send(out)
+        return out
 
     def _sample(self, logits: torch.Tensor, states: list[CachedRequestState], failed: dict[str, str],
                 ) -> tuple[list[CachedRequestState], list[int], list[TokenLogprobs | None] | None]:

@@ -45,15 +45,29 @@ class CausalLM(nn.Module):
         self.config = hf_config
         self.model = model
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size,
-                                      quant_config=None if self.tie_word_embeddings else quant_config,
-                                      prefix="lm_head", tp_group=tp_group)
-        if self.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
+        # A pipeline stage (vx/models/llama.py) holds the LM head on the last stage only; a tied head there, away
+        # from the first stage's embedding, loads its own copy of the embedding's table.
+        self.is_last_stage = getattr(model, "is_last_stage", True)
+        first_stage = getattr(model, "is_first_stage", True)
+        self.head_loads_embedding = self.tie_word_embeddings and self.is_last_stage and not first_stage
+        self.missing_prefixes: tuple[str, ...] = tuple(getattr(model, "missing_prefixes", ()))
+        if self.is_last_stage:
+            self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size,
+                                          quant_config=None if self.tie_word_embeddings else quant_config,
+                                          prefix="lm_head", tp_group=tp_group)
+            if self.tie_word_embeddings and first_stage:
+                self.lm_head.tie_weights(self.model.embed_tokens)
+        else:
+            self.lm_head = nn.Identity()  # another stage's
+            self.missing_prefixes += ("lm_head.",)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
-        """Flattened batch tokens [T] at `positions` [T] -> hidden states [T, hidden]."""
-        return self.model(input_ids, positions, attn_metadata)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                intermediate: torch.Tensor | None = None) -> torch.Tensor:
+        """Flattened batch tokens [T] at `positions` [T] -> hidden states [T, hidden]; a pipeline stage's model
+        takes and returns the stages' `intermediate` tensors instead (vx/models/llama.py)."""
+        if intermediate is None:
+            return self.model(input_ids, positions, attn_metadata)
+        return self.model(input_ids, positions, attn_metadata, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for the rows that sample."""
@@ -69,6 +83,10 @@ class CausalLM(nn.Module):
                 continue
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue  # the embedding holds this tensor
+            if self.head_loads_embedding and name == "model.embed_tokens.weight":
+                name = "lm_head.weight"  # this stage's head, tied to an embedding on the first stage
+            elif name.startswith(self.missing_prefixes):
+                continue  # another pipeline stage's
             target, shard_id = name, None
             for fused, ckpt, sid in self._stacked_params:
                 if f".{ckpt}." in name:

@@ -2,7 +2,8 @@
 
 Differences are read from the Hugging Face config: Qwen2 always has q/k/v bias, Qwen3 has per-head
 q/k RMSNorm and an explicit head_dim, Llama may have `attention_bias` / `mlp_bias`, Mistral (and Qwen with
-`use_sliding_window`) has a sliding window. Tokens of the whole batch arrive flattened ([T]), no batch dim.
+`use_sliding_window`) has a sliding window. Tokens of the whole batch arrive flattened ([T]), no batch dim. A rank of
+several builds only its shard (`tp_group`) and its pipeline stage's layers (`pp_group`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from vx.config import hf_head_dim, hf_num_kv_heads
+from vx.distributed.parallel_state import pp_layer_range
 from vx.models.causal_lm import CausalLM
 from vx.models.layers.activation import SiluAndMul
 from vx.models.layers.attention import Attention
@@ -133,31 +135,58 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm; `mlp_for_layer(layer_idx, prefix)` gives a layer another MLP (the
-    experts of a mixture-of-experts family), or None for the dense one."""
+    experts of a mixture-of-experts family), or None for the dense one.
+
+    With a `pp_group` of several stages this rank builds only its stage's layers (`pp_layer_range`), the embedding
+    on the first stage and the final norm on the last; the other layers are `PPMissingLayer`s, so that parameter
+    names keep their layer numbers. A stage that is not the first takes the previous one's (hidden, residual)
+    stacked as `intermediate` [2, T, hidden]; one that is not the last returns the same for the next.
+    """
 
     def __init__(self, config: Any, quant_config: QuantizationConfig | None = None, prefix: str = "model",
                  mlp_for_layer: Callable[[int, str], nn.Module | None] | None = None,
-                 tp_group: GroupCoordinator | None = None) -> None:
+                 tp_group: GroupCoordinator | None = None, pp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
+        self.is_first_stage = pp_group is None or pp_group.is_first_rank
+        self.is_last_stage = pp_group is None or pp_group.is_last_rank
+        num_layers = config.num_hidden_layers
+        self.start_layer, self.end_layer = (0, num_layers) if pp_group is None else pp_layer_range(
+            num_layers, pp_group.rank_in_group, pp_group.world_size)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=quant_config,
-                                                   prefix=f"{prefix}.embed_tokens", tp_group=tp_group)
+                                                   prefix=f"{prefix}.embed_tokens", tp_group=tp_group) \
+            if self.is_first_stage else PPMissingLayer()
         self.rotary_emb = get_rope(config, hf_head_dim(config))
         mlp_for_layer = mlp_for_layer or (lambda layer_idx, mlp_prefix: None)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i, self.rotary_emb, quant_config,
-                                                      f"{prefix}.layers.{i}", mlp_for_layer(i, f"{prefix}.layers.{i}.mlp"),
-                                                      tp_group)
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, self.rotary_emb, quant_config, f"{prefix}.layers.{i}",
+                              mlp_for_layer(i, f"{prefix}.layers.{i}.mlp"), tp_group)
+            if self.start_layer <= i < self.end_layer else PPMissingLayer()
+            for i in range(num_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if self.is_last_stage else PPMissingLayer()
+        # Checkpoint names this stage has no parameter for: the other stages' (skipped quietly when loading).
+        self.missing_prefixes = tuple(f"{prefix}.{name}." for name, module in self.named_children()
+                                      if isinstance(module, PPMissingLayer)) + tuple(
+            f"{prefix}.layers.{i}." for i in range(num_layers) if not self.start_layer <= i < self.end_layer)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any) -> torch.Tensor:
-        """Token ids [T] and positions [T] -> final-normed hidden states [T, hidden]."""
-        hidden_states = self.embed_tokens(input_ids)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                intermediate: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids [T] and positions [T] -> final-normed hidden states [T, hidden] (on the last stage; on the
+        others, (hidden, residual) stacked [2, T, hidden] for the next stage)."""
+        if self.is_first_stage:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden_states, residual = intermediate[0], intermediate[1]
         cos, sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
-        residual = None
-        for layer in self.layers:
+        for layer in self.layers[self.start_layer:self.end_layer]:
             hidden_states, residual = layer(hidden_states, residual, cos, sin, attn_metadata)
+        if not self.is_last_stage:
+            return torch.stack([hidden_states, residual])
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
+
+
+class PPMissingLayer(nn.Identity):
+    """The place of a module another pipeline stage holds: no parameters, never called."""
 
 
 class LlamaForCausalLM(CausalLM):
@@ -165,6 +194,6 @@ class LlamaForCausalLM(CausalLM):
     `tp_group`, every layer holds this rank's shard (heads, intermediate features, vocabulary rows)."""
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None,
-                 tp_group: GroupCoordinator | None = None) -> None:
-        super().__init__(hf_config, LlamaModel(hf_config, quant_config, tp_group=tp_group), quant_config,
-                         tp_group=tp_group)
+                 tp_group: GroupCoordinator | None = None, pp_group: GroupCoordinator | None = None) -> None:
+        super().__init__(hf_config, LlamaModel(hf_config, quant_config, tp_group=tp_group, pp_group=pp_group),
+                         quant_config, tp_group=tp_group)

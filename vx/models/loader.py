@@ -84,9 +84,10 @@ class DefaultModelLoader:
 
     def load_model(self, model_path: str, hf_config: Any, dtype: torch.dtype, device: torch.device | str,
                    quant_config: QuantizationConfig | None = None, tp_group: GroupCoordinator | None = None,
-                   ) -> nn.Module:
+                   pp_group: GroupCoordinator | None = None) -> nn.Module:
         """Model in `dtype` on `device`, every parameter loaded and readied by its quantization method, in eval
-        mode; with `tp_group`, this rank's shard of it (each layer takes its slice of the checkpoint's tensors)."""
+        mode; with `tp_group`, this rank's shard of it (each layer takes its slice of the checkpoint's tensors);
+        with `pp_group`, only its pipeline stage's layers."""
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError("The model config names no 'architectures'; cannot pick a model class.")
@@ -97,7 +98,8 @@ class DefaultModelLoader:
         weights = checkpoint_weights(model_path, hf_config, quant_config)
         try:
             with torch.no_grad(), _default_dtype(dtype), torch.device(device):
-                model = model_cls(hf_config, quant_config, **({} if tp_group is None else {"tp_group": tp_group}))
+                groups = {name: g for name, g in (("tp_group", tp_group), ("pp_group", pp_group)) if g is not None}
+                model = model_cls(hf_config, quant_config, **groups)
             with torch.no_grad():
                 loaded = model.load_weights(weights)
             missing = sorted(set(dict(model.named_parameters())) - loaded)

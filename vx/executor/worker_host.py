@@ -1,0 +1,103 @@
+"""One rank's worker and the calls the executors make on it: the code a worker process (`worker_main`) and a Ray
+actor (`ray_worker`) share, so that both kinds of executor run the very same worker."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+import traceback
+from typing import Any
+
+import msgspec
+
+from vx.executor.worker_protocol import InitKVCache, WorkerReply, encode
+
+logger = logging.getLogger(__name__)
+
+
+def describe_exception(e: BaseException) -> str:
+    """`Type: message`, then the traceback: the text a worker's error carries to the engine."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return f"{type(e).__name__}: {e}\n{tb}"
+
+
+def worker_class(name: str) -> type:
+    """The worker class `ParallelConfig.worker_cls` names: "auto" is vx's `Worker`."""
+    from vx.gpu.worker import Worker
+
+    if name == "auto":
+        return Worker
+    module_name, _, class_name = name.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise ValueError(f"worker_cls={name!r} names no vx.gpu.worker.Worker subclass.")
+    return cls
+
+
+class WorkerHost:
+    """Joins the ranks' process group, builds this rank's worker and loads its shard; then answers calls."""
+
+    def __init__(self, config_bytes: bytes, rank: int, local_rank: int, init_method: str) -> None:
+        from vx.config import decode_config
+        from vx.distributed import init_parallel_groups
+
+        self.rank = rank
+        config = decode_config(config_bytes)
+        worker_cls = worker_class(config.parallel_config.worker_cls)
+        pc = config.parallel_config
+        device = config.device_config.device
+        if device == "cuda":  # before NCCL joins: each rank's communicator on its own device
+            import torch
+
+            torch.cuda.set_device(local_rank)
+        self.groups = init_parallel_groups(rank, pc.tensor_parallel_size, pc.pipeline_parallel_size, init_method,
+                                           device=f"cuda:{local_rank}" if device == "cuda" else device)
+        self.worker = worker_cls(config, self.groups, local_rank=local_rank)
+        self.worker.init_device()
+        self.worker.load_model()
+        self.is_output_rank = self.worker.model_runner.is_output_rank
+        from vx.step import StepDecoder
+
+        self._decoder = StepDecoder()
+
+    def call(self, seq: int, method: str, payload: bytes) -> tuple[WorkerReply, bytes] | None:
+        """Run call `seq` (`method` with its payload frame); the reply header and payload, or None when this rank
+        does not answer (`execute_model` on a rank other than the output rank). A call that raises answers with
+        the error (the executor then fails the engine)."""
+        from vx.step import encode_step
+
+        collectives = (self.groups.tp, self.groups.pp)
+        t0, comm0 = time.perf_counter(), sum(g.comm_seconds for g in collectives)
+        try:
+            result = self._dispatch(method, payload, encode_step)
+        except BaseException as e:  # noqa: BLE001 - the executor fails the engine with this message
+            logger.error("vx worker %d: %s failed: %s", self.rank, method, describe_exception(e))
+            return WorkerReply(seq=seq, rank=self.rank, error=describe_exception(e)), b""
+        if result is None:
+            return None
+        return WorkerReply(seq=seq, rank=self.rank, compute_s=time.perf_counter() - t0,
+                           comm_s=sum(g.comm_seconds for g in collectives) - comm0), result
+
+    def _dispatch(self, method: str, payload: bytes, encode_step: Any) -> bytes | None:
+        worker = self.worker
+        if method == "execute_model":
+            output = worker.execute_model(self._decoder.scheduler_output(payload))
+            return encode_step(output) if self.is_output_rank else None
+        if method == "layer_windows":
+            return encode(worker.layer_windows())
+        if method == "determine_kv_cache_size":
+            return encode(worker.determine_kv_cache_size(msgspec.msgpack.decode(payload,
+                                                                                type=list[int | None] | None)))
+        if method == "initialize_kv_cache":
+            args = msgspec.msgpack.decode(payload, type=InitKVCache)
+            worker.initialize_kv_cache(args.num_blocks, args.groups)
+            return b""
+        raise ValueError(f"unknown worker call {method!r}")
+
+    def shutdown(self) -> None:
+        """Stop the worker and leave the process group."""
+        from vx.distributed import destroy_parallel_groups
+
+        self.worker.shutdown()
+        destroy_parallel_groups()
