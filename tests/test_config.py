@@ -19,7 +19,7 @@ import pytest
 from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, default_cpu_max_num_batched_tokens,
                        default_cpu_max_num_seqs, default_grammar_compile_workers,
                        encode_config, hf_head_dim, hf_num_kv_heads, read_json)
-from vx.hf_config import HFConfig, resolve_hf_config
+from vx.hf_config import HFConfig, config_fields, resolve_hf_config
 
 
 @pytest.mark.parametrize("fields,kv_heads,head_dim", [
@@ -157,13 +157,13 @@ def test_every_config_field_reaches_the_engine_process_as_sent(tiny_model_dir):
     assert [k for k in before if before[k] == after[k]] == []  # every field differs from what create_config made
     received = decode_config(encode_config(sent))
     # The HF config arrives as its fields (an HFConfig, no transformers in the engine process), every one as sent.
-    hf_sent = sent.model_config.hf_config.to_dict()
+    hf_sent = config_fields(sent.model_config.hf_config)
     assert isinstance(received.model_config.hf_config, HFConfig) and received.model_config.hf_config == hf_sent
     assert received.model_config.hf_config.rms_norm_eps == 0.125
     assert _leaves(received) == {**after, "config.model_config.hf_config": hf_sent}
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral"])
 def test_the_front_ends_light_config_is_what_the_engine_would_resolve(tiny_model_dirs, family):
     """`AsyncLLM` resolves the config from config.json as plain JSON (no transformers, no torch); the engine uses
     it as sent, so it must be the config that the full resolution (through transformers) gives."""
@@ -172,9 +172,13 @@ def test_the_front_ends_light_config_is_what_the_engine_would_resolve(tiny_model
     received = decode_config(encode_config(args.create_config(light=True)))
     # Every field but the config's own path and the (classification) label maps, whose int keys JSON makes strings.
     def fields(hf):
-        return {k: v for k, v in hf.to_dict().items() if k not in ("_name_or_path", "id2label", "label2id")}
+        return {k: v for k, v in config_fields(hf).items() if k not in ("_name_or_path", "id2label", "label2id")}
 
     assert fields(received.model_config.hf_config) == fields(full.model_config.hf_config)
+    # Every name the transformers config answers, its aliases too (Qwen3-MoE's and Mixtral's num_experts is stored
+    # as num_local_experts): the MoE models read them (an engine process or a worker failed on it).
+    for alias in type(full.model_config.hf_config).attribute_map:
+        assert getattr(received.model_config.hf_config, alias) == getattr(full.model_config.hf_config, alias)
     def without_hf(config):
         return msgspec.structs.replace(config, model_config=msgspec.structs.replace(config.model_config,
                                                                                     hf_config=None))

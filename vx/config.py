@@ -18,7 +18,7 @@ import msgspec
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
-from vx.hf_config import HFConfig, ResolvedHFConfig, resolve_hf_config
+from vx.hf_config import HFConfig, ResolvedHFConfig, config_fields, resolve_hf_config
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
@@ -528,7 +528,7 @@ def encode_config(config: VxConfig) -> bytes:
     if mc.hf_config is not None:  # its own form: msgspec would take a transformers config apart
         resolved = not isinstance(mc.hf_config, HFConfig) or isinstance(mc.hf_config, ResolvedHFConfig)
         config = msgspec.structs.replace(config, model_config=msgspec.structs.replace(
-            mc, hf_config=[mc.hf_config.to_dict(), resolved]))
+            mc, hf_config=[config_fields(mc.hf_config), resolved]))
     return msgspec.msgpack.encode(config)
 
 

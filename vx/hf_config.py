@@ -40,6 +40,17 @@ class ResolvedHFConfig(HFConfig):
     to the engine): it crosses on (to worker processes) as it is, never resolved again."""
 
 
+def config_fields(config: Any) -> dict[str, Any]:
+    """A transformers config's fields (`to_dict()`) with its attribute aliases as fields too (`attribute_map`:
+    Qwen3-MoE's `num_experts` is stored as `num_local_experts`), so that a plain `HFConfig` of them answers every name
+    the transformers config does."""
+    fields = dict(config.to_dict())
+    for alias, name in (getattr(type(config), "attribute_map", None) or {}).items():
+        if alias not in fields and name in fields:
+            fields[alias] = fields[name]
+    return fields
+
+
 def hf_config_from_dict(data: dict[str, Any], model_path: str) -> Any:
     """The transformers config of a config.json dict (or of a transformers config's `to_dict()`): what
     `AutoConfig.from_pretrained` builds from the file. Imports transformers."""
@@ -60,7 +71,8 @@ def resolved_config_path(fields: dict[str, Any]) -> str:
         version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         version = "none"
-    key = hashlib.sha256(msgspec.json.encode(fields, order="sorted") + version.encode()).hexdigest()[:32]
+    # "aliases": resolutions kept before they held the attribute aliases (config_fields) are not read back.
+    key = hashlib.sha256(msgspec.json.encode(fields, order="sorted") + version.encode() + b"aliases").hexdigest()[:32]
     return os.path.join(envs.VX_CACHE_DIR.get(), "hf-config", f"{key}.json")
 
 
@@ -73,7 +85,7 @@ def resolve_hf_config(fields: dict[str, Any], model_path: str) -> ResolvedHFConf
             return ResolvedHFConfig(msgspec.json.decode(f.read()))
     except (OSError, msgspec.DecodeError):
         pass
-    resolved = hf_config_from_dict(fields, model_path).to_dict()
+    resolved = config_fields(hf_config_from_dict(fields, model_path))
     try:
         data = msgspec.json.encode(resolved)
     except (TypeError, ValueError, msgspec.EncodeError):  # a value JSON cannot hold: run from it, uncached

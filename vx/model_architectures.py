@@ -26,9 +26,11 @@ MODEL_CLASSES: Mapping[str, str] = MappingProxyType({
 
 
 PARALLEL_ARCHITECTURES: frozenset[str] = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
-"""The architectures whose model builds one rank's shard and one pipeline stage's layers (vx/models/llama.py):
-the ones `tensor_parallel_size` / `pipeline_parallel_size` above 1 accept."""
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "MixtralForCausalLM", "Qwen3MoeForCausalLM"})
+"""The architectures whose model builds one rank's shard and one pipeline stage's layers (vx/models/llama.py's
+decoder, with dense or mixture-of-experts MLPs): the ones `tensor_parallel_size` / `pipeline_parallel_size` above 1
+accept."""
 
 
 def unsupported_architecture(arch: str) -> str | None:

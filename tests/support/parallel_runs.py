@@ -36,12 +36,18 @@ def run(model_dir: str, on_engine: Any = None, **parallel: Any) -> tuple[list, v
     return outs, stats
 
 
-def assert_same(got: list, want: list) -> None:
-    """The same greedy tokens; the same top logprobs (and prompt logprobs) within 1e-5."""
+def assert_same(got: list, want: list, tol: float = 1e-5) -> None:
+    """The same greedy tokens; the same top logprobs (and prompt logprobs) within `tol` (1e-5; 2e-5 for the
+    mixture-of-experts families, whose experts' sums over the ranks add one more summation order)."""
     for i, (g, w) in enumerate(zip(got, want)):
         g_out, w_out = g.outputs[0], w.outputs[0]
         assert g_out.token_ids == w_out.token_ids, f"prompt {i}: {g_out.token_ids} != {w_out.token_ids}"
         for got_pos, want_pos in zip(g_out.logprobs + g.prompt_logprobs[1:], w_out.logprobs + w.prompt_logprobs[1:]):
             assert got_pos.keys() == want_pos.keys()
             for token, lp in want_pos.items():
-                assert abs(got_pos[token].logprob - lp.logprob) < 1e-5, (i, token)
+                assert abs(got_pos[token].logprob - lp.logprob) < tol, (i, token)
+
+
+def tolerance(family: str) -> float:
+    """The logprob tolerance of `assert_same` for a family."""
+    return 2e-5 if family in ("qwen3_moe", "mixtral") else 1e-5

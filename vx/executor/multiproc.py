@@ -217,9 +217,9 @@ class MultiprocExecutor(Executor):
         dead = {fd for fd, _ in poller.poll(int(_LAST_WORDS_S * 1000))}
         for worker in self.workers:
             if worker.sentinel in dead:
-                first_line = (header.error or "").splitlines()[0]
+                # The whole error follows: at start-up every rank can fail alike, the dead one's words unread.
                 self._fail(f"worker rank {worker.rank} (pid {worker.pid}) {worker.exit_description()}; then worker "
-                           f"rank {header.rank} failed: {first_line}")
+                           f"rank {header.rank} failed: {header.error}")
         self._fail(f"worker rank {header.rank} failed: {header.error}")
 
     def _fail(self, reason: str) -> None:

@@ -50,7 +50,8 @@ class MoEMLP(nn.Module):
 
 class MoECausalLM(CausalLM):
     """Loading for checkpoints whose experts come one tensor per expert and projection. With a `tp_group`, every
-    layer holds this rank's shard (attention heads, dense and expert intermediate features, vocabulary rows)."""
+    layer holds this rank's shard (attention heads, dense and expert intermediate features, vocabulary rows); with a
+    `pp_group`, only its pipeline stage's layers."""
 
     @property
     def supports_decode_graphs(self) -> bool:
@@ -60,12 +61,13 @@ class MoECausalLM(CausalLM):
     _mlp_name = "mlp"  # what the checkpoint calls a layer's MLP
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None, mlp_for_layer: Any,
-                 tp_group: GroupCoordinator | None = None) -> None:
+                 tp_group: GroupCoordinator | None = None, pp_group: GroupCoordinator | None = None) -> None:
         if quant_config is not None and quant_config.name != "gguf":
             raise ValueError(f"Quantized ({quant_config.name}) mixture-of-experts checkpoints are not supported yet: "
                              "load a float one, or a GGUF file (its experts are dequantized as they load).")
         super().__init__(hf_config, LlamaModel(hf_config, quant_config, mlp_for_layer=mlp_for_layer,
-                                               tp_group=tp_group), quant_config, tp_group=tp_group)
+                                               tp_group=tp_group, pp_group=pp_group), quant_config,
+                         tp_group=tp_group)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Stack each expert's projections into its layer's `FusedMoE`; the rest loads as for Llama."""
@@ -81,6 +83,8 @@ class MoECausalLM(CausalLM):
                     yield name, tensor
                     continue
                 layer, expert, projection = match.group(1), int(match.group(2)), match.group(3)
+                if f"{layer}.".startswith(self.missing_prefixes):
+                    continue  # another pipeline stage's layer
                 shard = _SHARD_OF[projection]
                 target = f"{layer}.experts.{'w2' if shard == 'w2' else 'w13'}_weight"
                 param = params.get(target)
@@ -101,7 +105,7 @@ class Qwen3MoeForCausalLM(MoECausalLM):
     """Serves Qwen3MoeForCausalLM (Qwen3-30B-A3B and its kin)."""
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None,
-                 tp_group: GroupCoordinator | None = None) -> None:
+                 tp_group: GroupCoordinator | None = None, pp_group: GroupCoordinator | None = None) -> None:
         config = hf_config
         dense = set(getattr(config, "mlp_only_layers", None) or ())
         step = int(getattr(config, "decoder_sparse_step", 1) or 1)
@@ -112,7 +116,7 @@ class Qwen3MoeForCausalLM(MoECausalLM):
             return MoEMLP(config.hidden_size, config.num_experts, config.num_experts_per_tok,
                           config.moe_intermediate_size, bool(config.norm_topk_prob), prefix, tp_group, quant_config)
 
-        super().__init__(hf_config, quant_config, mlp_for_layer, tp_group)
+        super().__init__(hf_config, quant_config, mlp_for_layer, tp_group, pp_group)
 
 
 class MixtralForCausalLM(MoECausalLM):
@@ -121,11 +125,11 @@ class MixtralForCausalLM(MoECausalLM):
     _mlp_name = "block_sparse_moe"
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None,
-                 tp_group: GroupCoordinator | None = None) -> None:
+                 tp_group: GroupCoordinator | None = None, pp_group: GroupCoordinator | None = None) -> None:
         config = hf_config
 
         def mlp_for_layer(layer_idx: int, prefix: str) -> nn.Module:
             return MoEMLP(config.hidden_size, config.num_local_experts, config.num_experts_per_tok,
                           config.intermediate_size, True, prefix, tp_group, quant_config)
 
-        super().__init__(hf_config, quant_config, mlp_for_layer, tp_group)
+        super().__init__(hf_config, quant_config, mlp_for_layer, tp_group, pp_group)
