@@ -57,10 +57,12 @@ def tiny_model_dir(tiny_model_dirs) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    """`tiny_gguf(types, tied=False, family="llama")` -> TinyGGUF: a seeded tiny model of `family` (llama, gemma3,
-    gemma2, phi3, qwen3_moe or mixtral; tests.support.tiny_gguf) written as a GGUF file with its weights in `types` (a
-    GGML type name, or "Q4_K_M" for tests.support.tiny_gguf.q4_k_m_like), and the same weights dequantized by gguf in
-    a float directory; built once per session per (types, tied, family), sharing one tokenizer."""
+    """`tiny_gguf(types, tied=False, family="llama", kv_b_form="kv_b")` -> TinyGGUF: a seeded tiny model of `family`
+    (llama, gemma3, gemma2, phi3, qwen3_moe, mixtral, deepseek_v2 or deepseek_v2_qlora_yarn; tests.support.tiny_gguf)
+    written as a GGUF file with its weights in `types` (a GGML type name, or "Q4_K_M" for
+    tests.support.tiny_gguf.q4_k_m_like), and the same weights dequantized by gguf in a float directory; `kv_b_form`
+    (DeepSeek-V2): "kv_b" or "split", as older or newer converters store MLA's up-projection. Built once per session
+    per (types, tied, family, kv_b_form), sharing one tokenizer."""
     from gguf import GGMLQuantizationType
 
     from tests.support.tiny_gguf import q4_k_m_like, uniform, write_tiny_gguf
@@ -70,13 +72,14 @@ def tiny_gguf(tmp_path_factory):
     make_tiny_tokenizer(tokenizer_dir)
     cache = {}
 
-    def get(types: str, tied: bool = False, family: str = "llama"):
-        if (types, tied, family) not in cache:
+    def get(types: str, tied: bool = False, family: str = "llama", kv_b_form: str = "kv_b"):
+        key = (types, tied, family, kv_b_form)
+        if key not in cache:
             chooser = q4_k_m_like if types == "Q4_K_M" else uniform(GGMLQuantizationType[types])
-            folder = tmp_path_factory.mktemp(f"gguf-{family}-{types}-{'tied' if tied else 'untied'}")
-            cache[types, tied, family] = write_tiny_gguf(folder, chooser, tied=tied, tokenizer_dir=tokenizer_dir,
-                                                         family=family)
-        return cache[types, tied, family]
+            folder = tmp_path_factory.mktemp(f"gguf-{family}-{types}-{'tied' if tied else 'untied'}-{kv_b_form}")
+            cache[key] = write_tiny_gguf(folder, chooser, tied=tied, tokenizer_dir=tokenizer_dir, family=family,
+                                         kv_b_form=kv_b_form)
+        return cache[key]
 
     return get
 

@@ -123,3 +123,17 @@ def test_a_newer_family_file_equals_its_dequantized_twin(tiny_gguf, config_dir, 
     model = config_dir(tiny)
     assert _greedy(model, prompts) == _greedy(tiny.float_dir, prompts)
     assert _prompt_logprobs(model, prompts) == pytest.approx(_prompt_logprobs(tiny.float_dir, prompts), abs=2e-3)
+
+
+@pytest.mark.parametrize(("family", "kv_b_form"), [("deepseek_v2", "kv_b"), ("deepseek_v2_qlora_yarn", "split")])
+@pytest.mark.parametrize("types", ["F16", "Q8_0"])
+def test_a_deepseek_v2_file_equals_its_dequantized_twin(tiny_gguf, config_dir, family, kv_b_form, types):
+    """DeepSeek-V2 (MLA without and with a q low rank, kv_b_proj as older converters store it and split per head as
+    newer ones do, grouped and plain top-k, shared experts, a dense first layer, YaRN with mscale) from its config
+    read off the metadata alone: the projections and MLPs quantized, kv_b_proj, the router and the routed experts
+    dequantized; it decodes greedily and scores prompts as its safetensors twin."""
+    tiny = tiny_gguf(types, family=family, kv_b_form=kv_b_form)
+    prompts = _prompts(tiny.vocab_size)
+    model = config_dir(tiny)
+    assert _greedy(model, prompts) == _greedy(tiny.float_dir, prompts)
+    assert _prompt_logprobs(model, prompts) == pytest.approx(_prompt_logprobs(tiny.float_dir, prompts), abs=2e-3)

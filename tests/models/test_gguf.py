@@ -1,13 +1,13 @@
 """A GGUF file's config directory (vx.models.gguf): the family fields transformers' GGUF mapping leaves out are read
-from the file as llama.cpp writes them, so the config equals its Hugging Face twin's; files vx cannot serve are
-refused by architecture."""
+from the file as llama.cpp writes them, so the config equals its Hugging Face twin's (DeepSeek-V2's, which
+transformers does not map, wholly from its metadata); files vx cannot serve are refused by architecture."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from gguf import GGUFWriter
+from gguf import ExpertGatingFuncType, GGUFWriter
 from transformers import AutoConfig
 
 from vx.config import hf_head_dim
@@ -82,11 +82,43 @@ def test_gemmas_query_scale_is_llama_cpps_the_head_size_but_for_the_27b(tmp_path
     assert len(config.layer_types) == layers
 
 
-def test_a_deepseek_v2_file_is_refused_naming_its_architecture_and_the_supported_ones(tmp_path):
-    path = _metadata_only(tmp_path / "ds.gguf", "deepseek2", layers=2, hidden=64, heads=4, head_dim=16)
-    with pytest.raises(ValueError, match=r"GGUF architecture 'deepseek2' is not supported \(transformers cannot read "
-                                         r".*\); supported: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3\."):
+def test_an_architecture_vx_does_not_serve_is_refused_naming_it_and_the_supported_ones(tmp_path):
+    path = _metadata_only(tmp_path / "f.gguf", "falcon", layers=2, hidden=64, heads=4, head_dim=16)
+    with pytest.raises(ValueError, match=r"GGUF architecture 'falcon' is not supported; supported: llama, qwen2, "
+                                         r"qwen3, qwen3moe, gemma2, gemma3, phi3, deepseek2\."):
         write_gguf_config(path, str(tmp_path / "out"))
+
+
+# Fields transformers' own bookkeeping sets differently for a config written from a file.
+_NOT_FROM_THE_FILE = ("_name_or_path", "dtype", "initializer_range", "quantization_config", "architectures")
+
+
+@pytest.mark.parametrize(("family", "kv_b_form"), [("deepseek_v2", "kv_b"), ("deepseek_v2_qlora_yarn", "split")])
+def test_a_deepseek_v2_files_config_equals_its_twins_in_either_converters_form(tiny_gguf, tmp_path, family,
+                                                                              kv_b_form):
+    """Older converters' lengths (expanded heads, attn_kv_b) and newer ones' (one KV head of the latent, the heads'
+    lengths in the _mla keys, attn_k_b / attn_v_b); a q low rank or none; grouped or plain top-k; YaRN with
+    mscale_all_dim through its log multiplier: transformers maps none of it, and every field equals the twin's."""
+    tiny = tiny_gguf("Q8_0", family=family, kv_b_form=kv_b_form)
+    write_gguf_config(tiny.gguf_path, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["architectures"] == ["DeepseekV2ForCausalLM"]
+    got, twin = AutoConfig.from_pretrained(tmp_path).to_dict(), AutoConfig.from_pretrained(tiny.float_dir).to_dict()
+    for field in _NOT_FROM_THE_FILE:
+        got.pop(field, None), twin.pop(field, None)
+    assert got == twin
+
+
+def test_a_deepseek_v3_style_file_is_refused_naming_its_routing(tmp_path):
+    writer = GGUFWriter(str(tmp_path / "v3.gguf"), "deepseek2")
+    writer.add_block_count(2)
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"deepseek2\.expert_gating_func = sigmoid.*noaux_tc"):
+        write_gguf_config(str(tmp_path / "v3.gguf"), str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize("family", ["gemma2", "phi3", "qwen3_moe"])

@@ -1,5 +1,6 @@
 """GGUFWeights: a GGUF file's tensors under vx's Hugging Face names, as views of the file; q/k rows back in HF order;
-types and architectures vx cannot load refused before anything is built, naming what is wrong."""
+DeepSeek-V2's MLA up-projection and router dequantized; types and architectures vx cannot load refused before anything
+is built, naming what is wrong."""
 
 from __future__ import annotations
 
@@ -215,10 +216,62 @@ def test_the_name_map_covers_the_newer_families():
     assert gguf_to_hf_names("gemma2", 1)["blk.0.ffn_up"] == "model.layers.0.mlp.up_proj"
 
 
-def test_a_deepseek_v2_file_is_refused_by_name(tmp_path):
-    path = _write(tmp_path / "ds.gguf", "deepseek2", {"output_norm.weight": (np.ones(8, np.float32), None)})
-    with pytest.raises(ValueError, match=r"'deepseek2' is not supported \(transformers cannot read a DeepSeek-V2 "
-                                         r"GGUF file's config.*supported: llama, .*qwen3moe, gemma2, gemma3, phi3"):
+def test_an_architecture_vx_does_not_serve_is_refused_by_name(tmp_path):
+    path = _write(tmp_path / "f.gguf", "falcon", {"output_norm.weight": (np.ones(8, np.float32), None)})
+    with pytest.raises(ValueError, match=r"'falcon' is not supported; supported: llama, .*qwen3moe, gemma2, gemma3, "
+                                         r"phi3, deepseek2\."):
+        GGUFWeights(path, CONFIG)
+
+
+@pytest.mark.parametrize("kv_b_form", ["kv_b", "split"])
+def test_deepseek_v2_loads_quantized_but_its_mla_up_projection_and_router_in_float(tiny_gguf, kv_b_form, caplog):
+    """q_a / q_b / kv_a / o, the dense and shared-expert MLPs stay GGUF tensors; kv_b_proj (read per head by the MLA
+    backend), from attn_kv_b or rebuilt from newer converters' attn_k_b (transposed) and attn_v_b, and the float32
+    router arrive dequantized, equal to the twin's."""
+    from tests.support.tiny_models import make_tiny_config
+
+    family = "deepseek_v2_qlora_yarn"
+    tiny = tiny_gguf("Q8_0", family=family, kv_b_form=kv_b_form)
+    config = make_tiny_config(family, q_lora_rank=32)
+    reference = load_file(f"{tiny.float_dir}/model.safetensors")
+    with caplog.at_level(logging.INFO, logger="vx.models.gguf_weights"):
+        weights = GGUFWeights(tiny.gguf_path, config)
+    got = dict(weights)
+    weights.close()
+    assert not any(".k_b_proj" in n or ".v_b_proj" in n for n in got)
+    quantized = ["self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.o_proj"]
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}"
+        kv_b = got[f"{prefix}.self_attn.kv_b_proj.weight"]
+        assert kv_b.dtype == torch.float32 and torch.equal(kv_b, reference[f"{prefix}.self_attn.kv_b_proj.weight"])
+        mlp = ["mlp.gate_proj", "mlp.down_proj"] if layer == 0 else ["mlp.shared_experts.up_proj",
+                                                                     "mlp.shared_experts.down_proj"]
+        for module in quantized + mlp:
+            raw, ggml_type = got[f"{prefix}.{module}.qweight"], int(got[f"{prefix}.{module}.qweight_type"])
+            assert ggml_type == T.Q8_0 and torch.equal(dequantize(raw, ggml_type), reference[f"{prefix}.{module}.weight"])
+        assert torch.equal(got[f"{prefix}.self_attn.o_proj.bias"], reference[f"{prefix}.self_attn.o_proj.bias"])
+    router = got["model.layers.1.mlp.gate.weight"]
+    assert router.dtype == torch.float32 and torch.equal(router, reference["model.layers.1.mlp.gate.weight"])
+    lines = [r.getMessage() for r in caplog.records if "MLA" in r.getMessage()]
+    # Two Q8_0 kv_b (or v_b; the split k_b is F16: its 16-wide rows fill no Q8_0 block) and one router.
+    assert len(lines) == 1 and "3 quantized GGUF MLA up-projection and router tensors (Q8_0" in lines[0]
+
+
+def test_a_file_with_both_kv_b_forms_reads_the_whole_tensor(tmp_path):
+    kv_b = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+    path = _write(tmp_path / "ds.gguf", "deepseek2", {
+        "blk.0.attn_kv_b.weight": (kv_b, None),
+        "blk.0.attn_k_b.weight": (np.zeros((4, 4, 2), np.float32), None),
+        "blk.0.attn_v_b.weight": (np.zeros((4, 2, 4), np.float32), None)})
+    got = dict(GGUFWeights(path, CONFIG))
+    assert list(got) == ["model.layers.0.self_attn.kv_b_proj.weight"]
+    assert torch.equal(got["model.layers.0.self_attn.kv_b_proj.weight"], torch.from_numpy(kv_b))
+
+
+def test_half_of_a_split_kv_b_is_refused_naming_the_layer(tmp_path):
+    path = _write(tmp_path / "ds.gguf", "deepseek2", {"blk.0.attn_k_b.weight": (np.zeros((4, 4, 2), np.float32), None)})
+    with pytest.raises(ValueError, match=r"has k_b_proj but not both k_b_proj and v_b_proj \(attn_k_b, attn_v_b\) "
+                                         r"for model\.layers\.0\.self_attn\.kv_b_proj"):
         GGUFWeights(path, CONFIG)
 
 

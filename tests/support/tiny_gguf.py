@@ -22,8 +22,8 @@ from typing import Callable
 
 import numpy as np
 import torch
-from gguf import (GGML_QUANT_SIZES, MODEL_ARCH, GGMLQuantizationType, GGUFWriter, TokenType, get_tensor_name_map,
-                  quants)
+from gguf import (GGML_QUANT_SIZES, MODEL_ARCH, ExpertGatingFuncType, GGMLQuantizationType, GGUFWriter, RopeScalingType,
+                  TokenType, get_tensor_name_map, quants)
 
 from tests.support.gguf_quants import quantize
 from tests.support.tiny_models import make_tiny_hf_model
@@ -77,7 +77,7 @@ GEMMA3_SHAPE = dict(num_hidden_layers=6, head_dim=64, query_pre_attn_scalar=64, 
 
 # The GGUF architecture each test family is written as, and the tiny_models overrides its file can express.
 _ARCHES = {"llama": "llama", "gemma3": "gemma3", "gemma2": "gemma2", "phi3": "phi3", "qwen3_moe": "qwen3moe",
-           "mixtral": "llama"}
+           "mixtral": "llama", "deepseek_v2": "deepseek2", "deepseek_v2_qlora_yarn": "deepseek2"}
 _TINY_FAMILY_SHAPES: dict[str, dict[str, object]] = {
     "gemma2": {},
     "phi3": {},
@@ -85,14 +85,22 @@ _TINY_FAMILY_SHAPES: dict[str, dict[str, object]] = {
     "qwen3_moe": dict(mlp_only_layers=[], moe_intermediate_size=64),
     # llama.cpp's llama architecture has no sliding window.
     "mixtral": dict(sliding_window=None),
+    "deepseek_v2": {},
+    # A q low rank of 32 (tiny_models' 24) so that q_b_proj's rows are whole Q8_0 blocks.
+    "deepseek_v2_qlora_yarn": dict(q_lora_rank=32),
 }
+_DEEPSEEK = ("deepseek_v2", "deepseek_v2_qlora_yarn")
 
 
 def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool = False, seed: int = 0,
-                    tokenizer_dir: str | None = None, family: str = "llama", **overrides: object) -> TinyGGUF:
+                    tokenizer_dir: str | None = None, family: str = "llama", kv_b_form: str = "kv_b",
+                    **overrides: object) -> TinyGGUF:
     """Write `model.gguf` (weights stored as `types` says) and `float/` (the same weights as gguf dequantizes
     them) in `dirpath`. `tokenizer_dir`: a tiny tokenizer made before, to share (else one is made here).
-    `family`: "llama", "gemma3", "gemma2", "phi3", "qwen3_moe" or "mixtral"."""
+    `family`: "llama", "gemma3", "gemma2", "phi3", "qwen3_moe", "mixtral", "deepseek_v2" or
+    "deepseek_v2_qlora_yarn". `kv_b_form` (DeepSeek-V2): "kv_b" as older converters write MLA's up-projection (one
+    attn_kv_b tensor, head counts and lengths of the expanded heads), "split" as newer ones do (attn_k_b transposed
+    and attn_v_b per head, one KV head, lengths of the latent and the _mla keys)."""
     dirpath = os.fspath(dirpath)
     os.makedirs(dirpath, exist_ok=True)
     if tokenizer_dir is None:
@@ -106,7 +114,7 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     gemma = family in ("gemma2", "gemma3")
     if family in _TINY_FAMILY_SHAPES:
         shape = dict(_TINY_FAMILY_SHAPES[family])
-        if family in ("qwen3_moe", "mixtral"):
+        if family in ("qwen3_moe", "mixtral", *_DEEPSEEK):
             shape["tie_word_embeddings"] = tied
     elif family == "gemma3":
         shape = {**SHAPE, **GEMMA3_SHAPE, "tie_word_embeddings": True}
@@ -116,7 +124,10 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
                                                   "eos_token_id": 0, "pad_token_id": 0, **overrides})
     config = hf.config
     tied = config.tie_word_embeddings
+    deepseek = family in _DEEPSEEK
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if deepseek and kv_b_form == "split":
+        kv_heads = 1  # newer converters write MLA as one KV head of the latent's width
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     permuted = arch == "llama"
 
@@ -149,8 +160,12 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     if family == "mixtral":
         writer.add_expert_count(config.num_local_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
+    if deepseek:
+        _deepseek2_metadata(writer, config, kv_b_form)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     rotary = int(head_dim * rope.get("partial_rotary_factor", 1.0)) if family == "phi3" else head_dim
+    if deepseek:
+        rotary = config.qk_rope_head_dim
     writer.add_rope_dimension_count(rotary)
     writer.add_vocab_size(len(vocab))
     writer.add_tokenizer_model("gpt2")
@@ -181,6 +196,9 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
                      for proj, part in (("gate_proj", data[:, :inter]), ("up_proj", data[:, inter:]))]
             reference[name] = torch.from_numpy(np.ascontiguousarray(np.concatenate(backs, axis=1), np.float32))
             continue
+        if deepseek and kv_b_form == "split" and name.endswith("kv_b_proj.weight"):
+            reference[name] = _store_split_kv_b(writer, names, name, data, config, T(types(name)), seed)
+            continue
         if name.endswith(".experts.down_proj"):  # [E, H, I]
             gguf_name = f"{names.get_name(name)}.weight"
         else:
@@ -202,6 +220,58 @@ def write_tiny_gguf(dirpath: str | os.PathLike, types: TypeChooser, tied: bool =
     float_dir = os.path.join(dirpath, "float")
     _save_float_dir(hf, reference, float_dir, tokenizer_dir)
     return TinyGGUF(gguf_path, float_dir, tokenizer_dir, len(vocab))
+
+
+def _deepseek2_metadata(writer: GGUFWriter, config: object, kv_b_form: str) -> None:
+    """DeepSeek-V2's keys as llama.cpp's converter writes them: MLA's ranks and head lengths (of the expanded heads in
+    older files; of the latent, with the heads' in the _mla keys, in newer ones), the experts and their routing, and
+    YaRN's scaling with DeepSeek's mscale_all_dim as a log multiplier of 0.1 times it."""
+    if config.q_lora_rank:
+        writer.add_q_lora_rank(config.q_lora_rank)
+    writer.add_kv_lora_rank(config.kv_lora_rank)
+    qk_head_dim = config.qk_nope_head_dim + config.qk_rope_head_dim
+    if kv_b_form == "split":
+        writer.add_key_length(config.kv_lora_rank + config.qk_rope_head_dim)
+        writer.add_value_length(config.kv_lora_rank)
+        writer.add_key_length_mla(qk_head_dim)
+        writer.add_value_length_mla(config.v_head_dim)
+    else:
+        writer.add_key_length(qk_head_dim)
+        writer.add_value_length(config.v_head_dim)
+    writer.add_leading_dense_block_count(config.first_k_dense_replace)
+    writer.add_expert_count(config.n_routed_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    writer.add_expert_shared_count(config.n_shared_experts)
+    writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    writer.add_expert_weights_scale(config.routed_scaling_factor)
+    writer.add_expert_weights_norm(bool(config.norm_topk_prob))
+    writer.add_expert_gating_func(ExpertGatingFuncType.SOFTMAX)
+    if config.topk_method == "group_limited_greedy":
+        writer.add_expert_group_count(config.n_group)
+        writer.add_expert_group_used_count(config.topk_group)
+    rope = config.rope_parameters
+    if rope["rope_type"] == "yarn":
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+
+
+def _store_split_kv_b(writer: GGUFWriter, names: object, name: str, data: np.ndarray, config: object, qtype: T,
+                      seed: int) -> np.ndarray:
+    """kv_b_proj as newer converters write it: per head, k_b [heads, kv_lora_rank, nope] (transposed) and v_b
+    [heads, v, kv_lora_rank]. k_b's rows are the heads' nope features: a type whose blocks they do not fill falls
+    back to F16, as llama.cpp's quantizer does. Returns the kv_b_proj weight the stored tensors hold."""
+    heads, nope, v = config.num_attention_heads, config.qk_nope_head_dim, config.v_head_dim
+    per_head = data.reshape(heads, nope + v, data.shape[-1])
+    k_b = np.ascontiguousarray(per_head[:, :nope].transpose(0, 2, 1))
+    base = names.get_name(name.removesuffix(".weight"))
+    k_type = qtype if qtype in (T.F32, T.F16) or nope % GGML_QUANT_SIZES[qtype][0] == 0 else T.F16
+    k_back = _store(writer, f"{base.replace('attn_kv_b', 'attn_k_b')}.weight", k_b, k_type, seed)
+    v_back = _store(writer, f"{base.replace('attn_kv_b', 'attn_v_b')}.weight", np.ascontiguousarray(per_head[:, nope:]),
+                    qtype, seed)
+    back = np.concatenate([k_back.transpose(0, 2, 1), v_back], axis=1).reshape(data.shape)
+    return torch.from_numpy(np.ascontiguousarray(back, dtype=np.float32))
 
 
 def _store(writer: GGUFWriter, gguf_name: str, data: np.ndarray, qtype: T, seed: int) -> np.ndarray:

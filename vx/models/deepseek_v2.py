@@ -11,7 +11,12 @@ MLP: dense (SwiGLU) on the first `first_k_dense_replace` layers and off the `moe
 experts (`vx.models.layers.grouped_topk` routing through `FusedMoE`) plus `n_shared_experts` shared ones, a dense MLP
 every token runs, added.
 
-Refused by name: quantized checkpoints, `norm_topk_prob` (Hugging Face's DeepseekV2 ignores it, DeepSeek's own code
+From a GGUF file (vx/models/gguf_deepseek2.py, vx/models/gguf_weights.py) the projections, dense and shared-expert
+MLPs, embedding and head run quantized through the GGUF method; kv_b_proj stays a float weight (the MLA backend reads
+it per head, `MLAAttention.up_projection`, for the absorbed decode), and the router and routed experts are float as
+for Hugging Face checkpoints: the loader dequantizes them.
+
+Refused by name: quantized checkpoints other than GGUF files, `norm_topk_prob` (Hugging Face's DeepseekV2 ignores it, DeepSeek's own code
 renormalises: no one reference to be equal to), topk methods other than greedy / group_limited_greedy, a
 `scoring_func` other than softmax.
 """
@@ -66,8 +71,10 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 class DeepseekV2Attention(nn.Module):
     """MLA: projections, kv_a_layernorm, interleaved rotary on the rope parts, the latent cache, o_proj."""
 
-    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, prefix: str) -> None:
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, prefix: str,
+                 quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
+        qc = quant_config
         self.num_heads = config.num_attention_heads
         self.q_lora_rank = config.q_lora_rank
         self.kv_lora_rank = config.kv_lora_rank
@@ -78,19 +85,23 @@ class DeepseekV2Attention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         hidden = config.hidden_size
         if self.q_lora_rank is None:
-            self.q_proj = ReplicatedLinear(hidden, self.num_heads * qk_head_dim, prefix=f"{prefix}.q_proj")
+            self.q_proj = ReplicatedLinear(hidden, self.num_heads * qk_head_dim, quant_config=qc,
+                                           prefix=f"{prefix}.q_proj")
         else:
-            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, bias=bias, prefix=f"{prefix}.q_a_proj")
+            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, bias=bias, quant_config=qc,
+                                             prefix=f"{prefix}.q_a_proj")
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=1e-6)
-            self.q_b_proj = ReplicatedLinear(self.q_lora_rank, self.num_heads * qk_head_dim,
+            self.q_b_proj = ReplicatedLinear(self.q_lora_rank, self.num_heads * qk_head_dim, quant_config=qc,
                                              prefix=f"{prefix}.q_b_proj")
         self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias,
-                                                   prefix=f"{prefix}.kv_a_proj_with_mqa")
+                                                   quant_config=qc, prefix=f"{prefix}.kv_a_proj_with_mqa")
         # Hugging Face's DeepseekV2 builds q_a_layernorm and this norm with its default eps (1e-6), not rms_norm_eps.
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=1e-6)
+        # Always float: the MLA backend reads its weight per head (a GGUF file's is dequantized as it loads).
         self.kv_b_proj = ReplicatedLinear(self.kv_lora_rank, self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
                                           prefix=f"{prefix}.kv_b_proj")
-        self.o_proj = ReplicatedLinear(self.num_heads * self.v_head_dim, hidden, bias=bias, prefix=f"{prefix}.o_proj")
+        self.o_proj = ReplicatedLinear(self.num_heads * self.v_head_dim, hidden, bias=bias, quant_config=qc,
+                                       prefix=f"{prefix}.o_proj")
         self.__dict__["rotary_emb"] = rotary_emb  # shared by every layer
         self.attn = MLAAttention(self.num_heads, self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
                                  self.v_head_dim, mla_softmax_scale(config), self.kv_b_proj, layer_idx=layer_idx)
@@ -132,7 +143,7 @@ class DeepseekV2Experts(FusedMoE):
 class DeepseekV2MoE(nn.Module):
     """Router (float32), routed experts through `FusedMoE`, plus the shared experts' dense MLP."""
 
-    def __init__(self, config: Any, prefix: str) -> None:
+    def __init__(self, config: Any, prefix: str, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         num_experts, top_k = config.n_routed_experts, config.num_experts_per_tok
         check_routing(num_experts, top_k, config.topk_method, config.n_group, config.topk_group)
@@ -144,7 +155,7 @@ class DeepseekV2MoE(nn.Module):
         self.shared_experts = None
         if config.n_shared_experts:
             self.shared_experts = LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts,
-                                           prefix=f"{prefix}.shared_experts")
+                                           quant_config=quant_config, prefix=f"{prefix}.shared_experts")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Routed experts' weighted outputs plus the shared experts' output, for x [T, hidden]."""
@@ -155,13 +166,15 @@ class DeepseekV2MoE(nn.Module):
 class DeepseekV2DecoderLayer(nn.Module):
     """Pre-norm decoder layer; the residual add is fused into the next norm."""
 
-    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, prefix: str) -> None:
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, prefix: str,
+                 quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
-        self.self_attn = DeepseekV2Attention(config, layer_idx, rotary_emb, f"{prefix}.self_attn")
+        self.self_attn = DeepseekV2Attention(config, layer_idx, rotary_emb, f"{prefix}.self_attn", quant_config)
         freq = int(getattr(config, "moe_layer_freq", 1) or 1)
         sparse = (config.n_routed_experts and layer_idx >= config.first_k_dense_replace and layer_idx % freq == 0)
-        self.mlp: nn.Module = (DeepseekV2MoE(config, f"{prefix}.mlp") if sparse else
-                               LlamaMLP(config.hidden_size, config.intermediate_size, prefix=f"{prefix}.mlp"))
+        self.mlp: nn.Module = (DeepseekV2MoE(config, f"{prefix}.mlp", quant_config) if sparse else
+                               LlamaMLP(config.hidden_size, config.intermediate_size, quant_config=quant_config,
+                                        prefix=f"{prefix}.mlp"))
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -181,12 +194,13 @@ class DeepseekV2DecoderLayer(nn.Module):
 class DeepseekV2Model(nn.Module):
     """Embedding, decoder layers and final norm."""
 
-    def __init__(self, config: Any, prefix: str = "model") -> None:
+    def __init__(self, config: Any, prefix: str = "model", quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config=quant_config,
                                                    prefix=f"{prefix}.embed_tokens")
         self.rotary_emb = get_rope(config, config.qk_rope_head_dim)
-        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i, self.rotary_emb, f"{prefix}.layers.{i}")
+        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i, self.rotary_emb, f"{prefix}.layers.{i}",
+                                                           quant_config)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -202,8 +216,10 @@ class DeepseekV2Model(nn.Module):
 
 
 def _check_config(config: Any, quant_config: QuantizationConfig | None) -> None:
-    if quant_config is not None:
-        raise ValueError("Quantized DeepSeek-V2 checkpoints are not supported: load a float one.")
+    if quant_config is not None and getattr(quant_config, "name", None) != "gguf":
+        name = getattr(quant_config, "name", type(quant_config).__name__)
+        raise ValueError(f"Quantized DeepSeek-V2 checkpoints ({name}) are not supported: load a float one, or a GGUF "
+                         "file.")
     if getattr(config, "norm_topk_prob", False):
         raise ValueError("norm_topk_prob=True is not supported for DeepseekV2ForCausalLM: Hugging Face's DeepseekV2 "
                          "ignores it and DeepSeek's code renormalises the top-k weights, so there is no one "
@@ -219,7 +235,8 @@ def _check_config(config: Any, quant_config: QuantizationConfig | None) -> None:
 
 
 class DeepseekV2ForCausalLM(CausalLM):
-    """Serves DeepseekV2ForCausalLM (DeepSeek-V2, DeepSeek-V2-Lite, their chat models), from float checkpoints."""
+    """Serves DeepseekV2ForCausalLM (DeepSeek-V2, DeepSeek-V2-Lite, their chat models), from float checkpoints and
+    GGUF files."""
 
     supports_decode_graphs = False  # the experts' loop reads per-expert counts on the host
     # Only the MLPs' gate/up fuse; the attention's projections load one by one (q_proj is no qkv shard here).
@@ -228,7 +245,7 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def __init__(self, hf_config: Any, quant_config: QuantizationConfig | None = None) -> None:
         _check_config(hf_config, quant_config)
-        super().__init__(hf_config, DeepseekV2Model(hf_config))
+        super().__init__(hf_config, DeepseekV2Model(hf_config, quant_config=quant_config), quant_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Stack each routed expert's projections into its layer's `FusedMoE`; the rest loads as for Llama (the

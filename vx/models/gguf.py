@@ -6,7 +6,8 @@ template), read from the file's metadata by transformers. No weights: config.jso
 transformers' GGUF config mapping leaves out fields some families need; they are read from the metadata here as
 llama.cpp's converter writes them: Gemma 2's soft caps and query scale, Phi-3's partial rotary, LongRoPE factors
 (stored as tensors) and window, Qwen3-MoE's expert width, and Mixtral, which llama.cpp writes as arch "llama" with
-an expert count and transformers reads as a plain Llama.
+an expert count and transformers reads as a plain Llama. DeepSeek-V2 (`deepseek2`), which transformers does not map
+at all, has its whole config read by vx.models.gguf_deepseek2.
 
 Run as `python -m vx.models.gguf SRC.gguf DST_DIR`: the front end starts it in a child process, so the
 application's process never imports torch (transformers does).
@@ -19,6 +20,7 @@ import os
 import sys
 from typing import Any
 
+from vx.models.gguf_deepseek2 import deepseek2_config
 from vx.models.gguf_header import TensorInfo, read_gguf_header
 from vx.models.gguf_weights import check_architecture
 
@@ -37,7 +39,7 @@ def gguf_architecture(path: str) -> str:
 
 def write_gguf_config(src: str, dst: str) -> None:
     """Write config.json (pointing at `src`), generation_config.json and the tokenizer files into `dst`."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     arch = gguf_architecture(src)
@@ -45,10 +47,14 @@ def write_gguf_config(src: str, dst: str) -> None:
     src = os.path.realpath(src)
     folder, name = os.path.split(src)
     os.makedirs(dst, exist_ok=True)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-
-    config = family_config(src, arch, config)
+    if arch == "deepseek2":
+        # transformers maps no deepseek2 config (nor, through it, AutoTokenizer): the config is read here and the
+        # tokenizer by the class that converts a GGUF vocabulary whatever the architecture.
+        config = deepseek2_config(src)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
+    else:
+        config = family_config(src, arch, AutoConfig.from_pretrained(folder, gguf_file=name))
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     cfg = config.to_dict()
     cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     cfg["quantization_config"] = {"quant_method": "gguf", "gguf_file": src}

@@ -15,6 +15,13 @@ expert as float weights: float types as they are, quantized ones dequantized by 
 before llama.cpp stacked experts (early Mixtral ones) hold one tensor per expert, `blk.N.ffn_gate.E`; those load the
 same way.
 
+DeepSeek-V2 files (arch deepseek2) load their MLA projections, dense and shared-expert MLPs quantized too, but
+kv_b_proj arrives as a float weight, dequantized: the MLA backend reads it per head (the absorbed decode folds it into
+the query and the output), which the quantized kernels cannot give. Older converters store it as one attn_kv_b
+tensor; newer ones split it per head into attn_k_b (transposed: [heads, kv_lora_rank, nope]) and attn_v_b ([heads, v,
+kv_lora_rank]), which are put back together here. The router (ffn_gate_inp) is a float32 parameter in vx's DeepSeek-V2,
+as Hugging Face keeps it, so it too arrives dequantized if the file quantized it.
+
 Each tensor has a mapping of its own, let go with the last view of it (once its layer is readied). The token
 embedding is read a few rows per step for as long as the model runs, so the model keeps its view: `close()` (when
 loading ends) drops the pages repacking read from it, and afterwards only the rows batches look up are resident.
@@ -37,19 +44,14 @@ from vx.models.layers.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYP
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "deepseek2")
 """GGUF `general.architecture`s vx loads (llama.cpp writes Mistral and Mixtral models as "llama")."""
-
-# Architectures llama.cpp publishes that vx serves from Hugging Face directories but not from GGUF, and why.
-_REFUSED = {"deepseek2": "transformers cannot read a DeepSeek-V2 GGUF file's config (multi-head latent attention); "
-                         "load its Hugging Face directory instead"}
 
 
 def check_architecture(arch: str) -> None:
     """`ValueError` naming the architecture (and the supported ones) unless vx loads its GGUF files."""
     if arch not in SUPPORTED_ARCHITECTURES:
-        why = f" ({_REFUSED[arch]})" if arch in _REFUSED else ""
-        raise ValueError(f"GGUF architecture {arch!r} is not supported{why}; supported: "
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
 
 
@@ -80,6 +82,16 @@ _LAYER_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "s
                   "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                   "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm", "mlp.gate", *_EXPERT_MODULES)
+# DeepSeek-V2's own: MLA's projections and norms (k_b_proj / v_b_proj: newer converters' split of kv_b_proj) and the
+# shared experts.
+_DEEPSEEK2_MODULES = ("self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj",
+                      "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj",
+                      "self_attn.k_b_proj", "self_attn.v_b_proj", "mlp.shared_experts.gate_proj",
+                      "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj")
+# Weights an architecture's model runs in float, dequantized as they load (DeepSeek-V2's kv_b_proj, read per head by
+# the MLA backend, in either form, and its float32 router).
+_FLOAT_MODULES = {"deepseek2": (".self_attn.kv_b_proj", ".self_attn.k_b_proj", ".self_attn.v_b_proj", ".mlp.gate")}
+_SPLIT_KV_B = (".self_attn.k_b_proj", ".self_attn.v_b_proj")
 
 
 def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
@@ -91,6 +103,8 @@ def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
         raise ValueError(f"The gguf package does not know the architecture {architecture!r}.")
     name_map = gguf.get_tensor_name_map(arch, num_layers)
     layer_modules = (*_LAYER_MODULES, *_FUSED_MODULES) if architecture in _FUSED_ARCHITECTURES else _LAYER_MODULES
+    if architecture == "deepseek2":
+        layer_modules = (*layer_modules, *_DEEPSEEK2_MODULES)
     modules = [*_MODEL_MODULES, *(f"model.layers.{i}.{m}" for i in range(num_layers) for m in layer_modules)]
     names: dict[str, str] = {}
     for module in modules:
@@ -153,14 +167,42 @@ class GGUFWeights:
             self.entries.append(self._entry(module, suffix, info))
         if unknown:
             logger.warning("Ignoring GGUF tensors vx's model has no place for: %s.", ", ".join(unknown))
+        self.entries = self._one_kv_b_form(self.entries)
         self._kept_mappings: list[mmap.mmap] = []
-        _log_dequantized_experts(self.entries, dtype)
+        self._split_kv_b: dict[str, dict[str, torch.Tensor]] = {}
+        _log_dequantized([e for e in self.entries if ".experts." in e.module], dtype, "expert",
+                         "float expert stacks", "vx's fused MoE has no quantized kernels yet")
+        _log_dequantized([e for e in self.entries if self._is_float(e.module)], dtype, "MLA up-projection and "
+                         "router", "float weights", "the MLA backend reads kv_b_proj per head; the router is float32")
+
+    def _is_float(self, module: str) -> bool:
+        """Whether the model runs this (non-expert) module's weight in float: dequantized as it loads."""
+        return module.endswith(_FLOAT_MODULES.get(self.architecture, ()))
+
+    def _one_kv_b_form(self, entries: list[_Entry]) -> list[_Entry]:
+        """Each layer's kv_b_proj from attn_kv_b where the file has it, else from its attn_k_b and attn_v_b
+        (which must come in pairs)."""
+        layers = {e.module.rpartition(".")[0] for e in entries if e.module.endswith(".self_attn.kv_b_proj")}
+        halves: dict[str, set[str]] = {}
+        kept = []
+        for e in entries:
+            layer, _, name = e.module.rpartition(".")
+            if e.module.endswith(_SPLIT_KV_B):
+                if layer in layers:
+                    continue  # both forms stored: the whole tensor is the one read
+                halves.setdefault(layer, set()).add(name)
+            kept.append(e)
+        for layer, names in halves.items():
+            if len(names) != 2:
+                raise ValueError(f"GGUF file {self.path!r} has {', '.join(sorted(names))} but not both k_b_proj and "
+                                 f"v_b_proj (attn_k_b, attn_v_b) for {layer}.kv_b_proj.")
+        return kept
 
     def _entry(self, module: str, suffix: str, info: TensorInfo) -> _Entry:
         """The tensor's entry, once it is checked to be one vx loads."""
         where = f"GGUF tensor {info.name!r} in {self.path!r}"
-        if ".experts." in module:
-            return self._expert_entry(module, suffix, info, where)
+        if ".experts." in module or self._is_float(module):
+            return self._dequantized_entry(module, suffix, info, where)
         if info.ggml_type not in SUPPORTED_TYPES:
             raise ValueError(f"{where} has type {type_name(info.ggml_type)}, which vx cannot load; vx loads "
                              f"{', '.join(type_name(t) for t in SUPPORTED_TYPES)}.")
@@ -175,15 +217,16 @@ class GGUFWeights:
             raise ValueError(f"{where} has shape {info.dims}; vx expects 2-D weights and 1-D norms and biases.")
         return _Entry(module, suffix, info.name, info.ggml_type, info.offset, shape)
 
-    def _expert_entry(self, module: str, suffix: str, info: TensorInfo, where: str) -> _Entry:
-        """A layer's stacked experts (3-D) or one expert's projection (2-D), in a float type or one the gguf
-        package dequantizes."""
+    def _dequantized_entry(self, module: str, suffix: str, info: TensorInfo, where: str) -> _Entry:
+        """A weight the model runs in float: a layer's stacked experts (3-D), one expert's projection (2-D), a float
+        module's weight (2-D; DeepSeek-V2's split k_b / v_b 3-D, per head); in a float type or one the gguf package
+        dequantizes."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-        stacked = module.endswith(_EXPERT_MODULES)
+        stacked = module.endswith(_EXPERT_MODULES + _SPLIT_KV_B)
         if len(info.dims) != (3 if stacked else 2) or suffix != "weight":
             raise ValueError(f"{where} has shape {info.dims}; vx expects " + (
-                "stacked experts [experts, rows, features]." if stacked else "one expert's weight [rows, features]."))
+                "a 3-D weight [experts or heads, rows, features]." if stacked else "a 2-D weight [rows, features]."))
         try:
             qtype = GGMLQuantizationType(info.ggml_type)
             block, size = GGML_QUANT_SIZES[qtype]
@@ -191,7 +234,7 @@ class GGUFWeights:
                 quants.dequantize(np.zeros((1, size), dtype=np.uint8), qtype)
         except (ValueError, KeyError, NotImplementedError) as e:
             raise ValueError(f"{where} has type {type_name(info.ggml_type)}, which the gguf package cannot "
-                             f"dequantize for vx's float experts: {e}") from e
+                             f"dequantize for the float weights vx runs it in: {e}") from e
         if info.dims[0] % block:
             raise ValueError(f"{where}: rows of {info.dims[0]} features are not whole {qtype.name} blocks.")
         return _Entry(module, suffix, info.name, info.ggml_type, info.offset,
@@ -219,6 +262,10 @@ class GGUFWeights:
                 data = unpermute_rows(data.reshape(rows, -1), heads).reshape(entry.shape)
             if ".experts." in entry.module:
                 yield from _experts(entry, data)
+            elif entry.module.endswith(_SPLIT_KV_B):
+                yield from self._joined_kv_b(entry, data)
+            elif self._is_float(entry.module):
+                yield f"{entry.module}.weight", _as_float(entry, data)
             elif entry.module.endswith(_FUSED_MODULES):
                 yield from self._unfused(entry, data)
             elif len(entry.shape) == 1:  # a norm or a bias: float, under its own name
@@ -248,6 +295,22 @@ class GGUFWeights:
                 yield f"{prefix}.{name}.qweight", torch.from_numpy(data[start:start + size])
             start += size
 
+    def _joined_kv_b(self, entry: _Entry, data: np.ndarray) -> Iterator[tuple[str, torch.Tensor]]:
+        """kv_b_proj's weight [heads * (nope + v), kv_lora_rank], once both of a layer's halves have arrived:
+        per head, k_b [kv_lora_rank, nope] transposed back, then v_b [v, kv_lora_rank]."""
+        attn, _, half = entry.module.rpartition(".")
+        got = self._split_kv_b.setdefault(attn, {})
+        got[half] = _as_float(entry, data)
+        if len(got) < 2:
+            return
+        del self._split_kv_b[attn]
+        k_b, v_b = got["k_b_proj"], got["v_b_proj"]
+        if k_b.shape[0] != v_b.shape[0] or k_b.shape[1] != v_b.shape[2]:
+            raise ValueError(f"GGUF tensors of {attn}: k_b_proj {tuple(k_b.shape)} and v_b_proj {tuple(v_b.shape)} "
+                             "are not [heads, kv_lora_rank, nope] and [heads, v, kv_lora_rank].")
+        joined = torch.cat((k_b.transpose(1, 2), v_b), dim=1)
+        yield f"{attn}.kv_b_proj.weight", joined.reshape(-1, joined.shape[-1])
+
     def close(self) -> None:
         """Loading is over: drop the pages repacking read from the kept tables' mappings (never written, so a later
         lookup reads its rows back from the file); every other mapping went with the views of it."""
@@ -275,36 +338,38 @@ def _experts(entry: _Entry, data: np.ndarray) -> Iterator[tuple[str, torch.Tenso
     """A stacked expert tensor as one float weight per expert, under the names `MoECausalLM` stacks
     ("model.layers.N.mlp.experts.E.gate_proj.weight"): float types as views, quantized ones dequantized one
     expert at a time (so only one expert's float copy exists beside the stack)."""
-    from gguf import GGMLQuantizationType, quants
-
-    def as_float(rows: np.ndarray) -> torch.Tensor:
-        if entry.ggml_type in FLOAT_TYPES:
-            return torch.from_numpy(rows).view(FLOAT_TYPES[entry.ggml_type])
-        return torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType(entry.ggml_type)))
-
     if data.ndim == 2:  # one expert's projection, named as such already
-        yield f"{entry.module}.weight", as_float(data)
+        yield f"{entry.module}.weight", _as_float(entry, data)
         return
     layer, _, projection = entry.module.rpartition(".experts.")
     for expert in range(data.shape[0]):
-        yield f"{layer}.experts.{expert}.{projection}.weight", as_float(data[expert])
+        yield f"{layer}.experts.{expert}.{projection}.weight", _as_float(entry, data[expert])
 
 
-def _log_dequantized_experts(entries: list[_Entry], dtype: torch.dtype) -> None:
-    """One line for the model: what dequantizing its quantized experts costs in float memory."""
-    quantized = [e for e in entries if ".experts." in e.module and e.ggml_type not in FLOAT_TYPES]
+def _as_float(entry: _Entry, rows: np.ndarray) -> torch.Tensor:
+    """Rows of an entry's bytes as float weights: float types as views, quantized ones dequantized by gguf."""
+    from gguf import GGMLQuantizationType, quants
+
+    if entry.ggml_type in FLOAT_TYPES:
+        return torch.from_numpy(rows).view(FLOAT_TYPES[entry.ggml_type])
+    return torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType(entry.ggml_type)))
+
+
+def _log_dequantized(entries: list[_Entry], dtype: torch.dtype, what: str, into: str, why: str) -> None:
+    """One line for the model: what dequantizing these quantized tensors costs in float memory."""
+    quantized = [e for e in entries if e.ggml_type not in FLOAT_TYPES]
     if not quantized:
         return
     file_bytes = sum(int(np.prod(e.shape)) for e in quantized)
     weights = sum(int(np.prod(e.shape[:-1])) * _features(e) for e in quantized)
     types = sorted({type_name(e.ggml_type) for e in quantized})
-    logger.info("Dequantizing %d quantized GGUF expert tensors (%s, %.1f MiB in the file) into float expert stacks: "
-                "%.1f MiB in %s (vx's fused MoE has no quantized kernels yet).", len(quantized), ", ".join(types),
-                file_bytes / 2**20, weights * dtype.itemsize / 2**20, str(dtype).removeprefix("torch."))
+    logger.info("Dequantizing %d quantized GGUF %s tensors (%s, %.1f MiB in the file) into %s: %.1f MiB in %s (%s).",
+                len(quantized), what, ", ".join(types), file_bytes / 2**20, into, weights * dtype.itemsize / 2**20,
+                str(dtype).removeprefix("torch."), why)
 
 
 def _features(entry: _Entry) -> int:
-    """The features in one row of a stacked expert tensor."""
+    """The features in one row of a dequantized tensor."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(entry.ggml_type)]
