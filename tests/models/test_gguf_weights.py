@@ -248,7 +248,8 @@ def test_deepseek_v2_loads_quantized_but_its_mla_up_projection_and_router_in_flo
                                                                      "mlp.shared_experts.down_proj"]
         for module in quantized + mlp:
             raw, ggml_type = got[f"{prefix}.{module}.qweight"], int(got[f"{prefix}.{module}.qweight_type"])
-            assert ggml_type == T.Q8_0 and torch.equal(dequantize(raw, ggml_type), reference[f"{prefix}.{module}.weight"])
+            assert ggml_type == T.Q8_0, module
+            assert torch.equal(dequantize(raw, ggml_type), reference[f"{prefix}.{module}.weight"]), module
         assert torch.equal(got[f"{prefix}.self_attn.o_proj.bias"], reference[f"{prefix}.self_attn.o_proj.bias"])
     router = got["model.layers.1.mlp.gate.weight"]
     assert router.dtype == torch.float32 and torch.equal(router, reference["model.layers.1.mlp.gate.weight"])

@@ -10,7 +10,9 @@ shapes of tests/support/tiny_models.py, whose widths are multiples of 32 (the bl
 Per family, as llama.cpp's converter writes them: Gemma norms stored as 1 + the checkpoint's; Phi-3's q|k|v and
 gate|up fused (attn_qkv, ffn_up), its partial rotary as the rotary dimension count and its LongRoPE factors as two
 float tensors; experts stacked per layer and projection (ffn_gate_exps / ffn_up_exps / ffn_down_exps [E, ...]) with
-the router as ffn_gate_inp; Mixtral as arch "llama" with an expert count.
+the router as ffn_gate_inp; Mixtral as arch "llama" with an expert count; DeepSeek-V2 as arch "deepseek2" (q/k rows
+not permuted: its rotary pairs are llama.cpp's), with MLA's ranks and lengths, the routing and YaRN in its keys and
+kv_b_proj either whole (older converters) or split per head into attn_k_b (transposed) and attn_v_b (newer ones).
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ MLPs, embedding and head run quantized through the GGUF method; kv_b_proj stays 
 it per head, `MLAAttention.up_projection`, for the absorbed decode), and the router and routed experts are float as
 for Hugging Face checkpoints: the loader dequantizes them.
 
-Refused by name: quantized checkpoints other than GGUF files, `norm_topk_prob` (Hugging Face's DeepseekV2 ignores it, DeepSeek's own code
-renormalises: no one reference to be equal to), topk methods other than greedy / group_limited_greedy, a
-`scoring_func` other than softmax.
+Refused by name: quantized checkpoints other than GGUF files, `norm_topk_prob` (Hugging Face's DeepseekV2 ignores
+it, DeepSeek's own code renormalises: no one reference to be equal to), topk methods other than greedy /
+group_limited_greedy, a `scoring_func` other than softmax.
 """
 
 from __future__ import annotations
