@@ -1,5 +1,5 @@
-"""Quantized models split over two tensor-parallel ranks (gloo): a GGUF file (Q8_0, Q4_0, Q4_1), an AWQ and a GPTQ
-checkpoint give the logits of the same model in one process, and each rank holds about half of its quantized bytes
+"""Quantized models split over two tensor-parallel ranks (gloo): a GGUF file (Q8_0, Q4_0, Q4_1), an AWQ, a GPTQ
+and FP8 (per-tensor and per-channel scales) checkpoints give the logits of the same model in one process, and each rank holds about half of its quantized bytes
 (each rank cut its slice of the file's blocks, or of the checkpoint's packed words, before repacking it)."""
 
 from __future__ import annotations
@@ -22,10 +22,15 @@ GROUP = 32
 
 def quantized_bytes(model: torch.nn.Module) -> int:
     """Bytes of every quantized weight the model holds, packed for its kernel (GGUF: the linear layers' kernels,
-    the embedding's raw rows and the head's kernel; AWQ/GPTQ: each linear layer's packed weight)."""
+    the embedding's raw rows and the head's kernel; AWQ/GPTQ: each linear layer's packed weight; FP8: each linear
+    layer's weight, which a CPU holds dequantized)."""
+    from vx.models.layers.quantization.fp8 import Fp8LinearMethod
+
     total = 0
     for module in model.modules():
         state = module.__dict__
+        if isinstance(getattr(module, "quant_method", None), Fp8LinearMethod):
+            total += module.weight.nbytes
         total += sum(k.nbytes for k in state.get("gguf_kernels", ()))
         for name in ("gguf_head", "quant_weight"):
             if state.get(name) is not None:
@@ -66,7 +71,7 @@ def _rank_main(rank: int, source: dict, init_method: str, out_dir: str) -> None:
 def packed_checkpoints(tmp_path_factory) -> dict[str, str]:
     """AWQ and GPTQ (4-bit, groups of 32) checkpoints of a tiny Llama whose row-parallel layers' K (128, 256)
     leave each of two ranks whole groups."""
-    from tests.support.quantized_checkpoints import awq, gptq, make_float_model, quantized_pair
+    from tests.support.quantized_checkpoints import awq, fp8, gptq, make_float_model, quantized_pair
 
     float_dir = make_float_model(tmp_path_factory.mktemp("tp-quant-float"), "llama")
     awq_dir, _ = quantized_pair(float_dir, tmp_path_factory.mktemp("tp-awq"), awq(GROUP),
@@ -75,15 +80,19 @@ def packed_checkpoints(tmp_path_factory) -> dict[str, str]:
     gptq_dir, _ = quantized_pair(float_dir, tmp_path_factory.mktemp("tp-gptq"), gptq(GROUP),
                                  {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "sym": True,
                                   "desc_act": False})
-    return {"awq": awq_dir, "gptq": gptq_dir}
+    fp8_dir, _ = quantized_pair(float_dir, tmp_path_factory.mktemp("tp-fp8"), fp8(static=True),
+                                {"quant_method": "fp8", "activation_scheme": "static"})
+    fp8_channel_dir, _ = quantized_pair(float_dir, tmp_path_factory.mktemp("tp-fp8-channel"), fp8(per_channel=True),
+                                        {"quant_method": "fp8", "activation_scheme": "dynamic"})
+    return {"awq": awq_dir, "gptq": gptq_dir, "fp8": fp8_dir, "fp8_channel": fp8_channel_dir}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "awq", "gptq"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "awq", "gptq", "fp8", "fp8_channel"])
 def test_two_ranks_of_a_quantized_model_give_its_logits_holding_half_its_bytes(tiny_gguf, packed_checkpoints,
                                                                                tmp_path, kind):
     if kind in packed_checkpoints:
-        source = {"method": kind, "dir": packed_checkpoints[kind]}
+        source = {"method": kind.removesuffix("_channel"), "dir": packed_checkpoints[kind]}
     else:
         tiny = tiny_gguf(kind)  # untied: the head is stored in this type too
         source = {"method": "gguf", "dir": tiny.float_dir, "gguf": tiny.gguf_path}
