@@ -20,10 +20,11 @@ def _check(method: str | None, tp: int, quant: dict | None = None, **shape) -> N
 
 
 def test_formats_that_split_pass_when_each_rank_holds_whole_blocks():
-    for method, quant in (("gguf", None), ("awq", {"group_size": 128}), ("gptq", {"bits": 4, "group_size": 128}),
-                          ("gptq", {"bits": 8, "group_size": -1}), ("fp8", None)):
-        _check(method, 2, quant)
-        _check(method, 4, quant)
+    for method, quant, sizes in (("gguf", None, (2, 4, 8)), ("gguf", {"row_parallel_block": 256}, (2,)),
+                                 ("awq", {"group_size": 128}, (2, 4)), ("gptq", {"bits": 4, "group_size": 128}, (2, 4)),
+                                 ("gptq", {"bits": 8, "group_size": -1}, (2, 4, 8)), ("fp8", None, (2, 4, 8))):
+        for tp in sizes:
+            _check(method, tp, quant)
     _check(None, 2)
     assert set(SPLIT_METHODS) == {"gguf", "awq", "gptq", "fp8"}
 
@@ -36,6 +37,10 @@ def test_formats_that_split_pass_when_each_rank_holds_whole_blocks():
      r"mlp\.down_proj has 1440 input features, 360 per rank, which is not a multiple of the GPTQ group_size of 64"),
     # GGUF's smallest block is 32: 1504 / 2 = 752 is not whole blocks.
     ("gguf", None, 2, dict(intermediate_size=1504), r"mlp\.down_proj has 1504 input features, 752 per rank"),
+    # A K-quant file (its config records blocks of 256): 512 / 4 = 128 is half a block.
+    ("gguf", {"quant_method": "gguf", "row_parallel_block": 256}, 4, {},
+     r"self_attn\.o_proj has 512 input features, 128 per rank, which is not a multiple of the GGUF file's block of "
+     r"256"),
     # AWQ packs 8 output features a word: 2 KV heads of 20 over 2 ranks leave 20 k (and v) features a rank.
     ("awq", {"group_size": -1}, 2, dict(hidden_size=320, num_attention_heads=16, intermediate_size=2048),
      r"self_attn\.qkv_proj's output features per rank \[160, 20, 20\] are not all multiples of the 8 that AWQ "

@@ -7,9 +7,11 @@ can give each rank whole blocks only when K / tp is a multiple of the block; a f
 into words (AWQ: 8 a word, GPTQ's zeros: 32 / bits) needs each rank's output features to fill whole words. A model
 that cannot be split so is a `ValueError` naming the layer and the sizes.
 
-Pure arithmetic on the config (no torch): it runs in the application's process. A GGUF file's tensor types are not
-known here (reading its header costs seconds on a loaded machine), so the config checks GGUF's smallest block (32);
-a K-quant tensor (blocks of 256) that a rank would cut mid-block is refused by the layer as it loads, by name.
+Pure arithmetic on the config (no torch): it runs in the application's process. A GGUF file's block along the
+rows of its row-parallel tensors (32 for Q4_0..Q8_0, 256 for the K-quants) is written into its config directory's
+`quantization_config` as `row_parallel_block` (vx.models.gguf); a config directory written before that holds it is
+checked against GGUF's smallest block (32), and a K-quant tensor a rank would cut mid-block is then refused by the
+layer as it loads, by name.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def _layer_sizes(hf_config: Any, tp: int, head_dim: int, kv_heads: int,
 def _alignment(method: str, qc: dict[str, Any]) -> tuple[int, str, int]:
     """(what K / tp must be a multiple of, what that is called, how many output features a word packs)."""
     if method == "gguf":
-        return GGUF_MIN_BLOCK, f"GGUF block of {GGUF_MIN_BLOCK} weights (256 for the K-quants)", 1
+        block = int(qc.get("row_parallel_block", GGUF_MIN_BLOCK))
+        return block, f"GGUF file's block of {block} weights (of its o_proj/down_proj tensors' types)", 1
     if method == "awq":
         group = int(qc.get("group_size", qc.get("q_group_size", 128)))
         if group == -1:

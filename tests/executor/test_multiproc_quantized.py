@@ -1,6 +1,6 @@
 """A GGUF model split over two tensor-parallel worker processes (gloo) gives the greedy tokens of the whole file in
 one process, and its logprobs within 5e-5, through chunked prefill and preemption; a file whose K-quant blocks a
-rank would cut in two is refused at start, naming the layer and the sizes."""
+rank would cut in two is refused before any worker starts, naming the layer and the sizes."""
 
 from __future__ import annotations
 
@@ -39,11 +39,17 @@ def test_a_gguf_model_over_two_tensor_parallel_workers_equals_the_whole_file(ggu
     assert_same(got, want, tol=5e-5)
 
 
-def test_k_quant_blocks_a_rank_would_cut_are_refused_at_start(gguf_config_dir):
-    # Q4_K's blocks hold 256 weights; the tiny model's o_proj has 256 input features, 128 a rank.
+def test_k_quant_blocks_a_rank_would_cut_are_refused_before_any_worker_starts(gguf_config_dir):
+    import json
+
+    # The config directory records the largest block along the row-parallel tensors' rows: Q4_K_M's o_proj is
+    # Q4_K and its down_proj Q6_K (blocks of 256); Q4_0's are blocks of 32.
     model = gguf_config_dir("Q4_K_M")
+    for types, block in (("Q4_K_M", 256), ("Q4_0", 32)):
+        with open(f"{gguf_config_dir(types)}/config.json") as f:
+            assert json.load(f)["quantization_config"]["row_parallel_block"] == block
     before = child_pids()
-    with pytest.raises(Exception, match=r"o_proj.*tensor_parallel_size=2 gives each rank 128 of its 256 input "
-                                        r"features, which is not a multiple of Q4_K's block of 256"):
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2: self_attn\.o_proj has 256 input features, 128 per "
+                                         r"rank, which is not a multiple of the GGUF file's block of 256"):
         vx.LLM(model, dtype="float32", device="cpu", tensor_parallel_size=2)
     assert child_pids() <= before, "a refused start left a worker process"
