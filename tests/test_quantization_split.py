@@ -54,6 +54,14 @@ def test_a_model_that_cannot_be_split_is_refused_naming_the_layer_and_sizes(meth
         _check(method, tp, quant, **shape)
 
 
+def test_a_mixture_of_experts_model_checks_only_its_dense_layers():
+    # Mixtral's and an all-sparse Qwen3-MoE's intermediate_size is the experts' (float under GGUF): not checked.
+    _check("gguf", 2, {"row_parallel_block": 256}, intermediate_size=1280, num_local_experts=8)
+    _check("gguf", 2, {"row_parallel_block": 256}, intermediate_size=1280, num_experts=8, mlp_only_layers=[])
+    with pytest.raises(ValueError, match=r"mlp\.down_proj has 1280 input features, 640 per rank"):
+        _check("gguf", 2, {"row_parallel_block": 256}, intermediate_size=1280, num_experts=8, mlp_only_layers=[0])
+
+
 def test_one_rank_and_pipeline_stages_need_no_alignment():
     _check("awq", 1, {"group_size": 128}, intermediate_size=1440)
 

@@ -52,10 +52,20 @@ def _layer_sizes(hf_config: Any, tp: int, head_dim: int, kv_heads: int,
     kv_per_rank = (kv_heads // tp if kv_heads >= tp else 1) * head_dim
     rows = {"self_attn.o_proj": heads * head_dim}
     columns = {"self_attn.qkv_proj": [heads * head_dim // tp, kv_per_rank, kv_per_rank]}
-    if inter:
+    if inter and _has_dense_mlp(hf_config):
         rows["mlp.down_proj"] = int(inter)
         columns["mlp.gate_up_proj"] = [int(inter) // tp, int(inter) // tp]
     return rows, columns
+
+
+def _has_dense_mlp(hf_config: Any) -> bool:
+    """Whether some layer has a dense MLP (gate|up, down of intermediate_size): not a Mixtral, nor a Qwen3-MoE whose
+    every layer is sparse (their experts are float in every quantized format vx splits: GGUF's are dequantized)."""
+    if _get(hf_config, "num_local_experts"):
+        return False
+    if _get(hf_config, "num_experts"):
+        return bool(_get(hf_config, "mlp_only_layers")) or int(_get(hf_config, "decoder_sparse_step", 1) or 1) > 1
+    return True
 
 
 def _alignment(method: str, qc: dict[str, Any]) -> tuple[int, str, int]:

@@ -1,6 +1,7 @@
-"""Quantized models split over two tensor-parallel ranks (gloo): a GGUF file (Q8_0, Q4_0, Q4_1), an AWQ, a GPTQ
-and FP8 (per-tensor and per-channel scales) checkpoints give the logits of the same model in one process, and each rank holds about half of its quantized bytes
-(each rank cut its slice of the file's blocks, or of the checkpoint's packed words, before repacking it)."""
+"""Quantized models split over two tensor-parallel ranks (gloo): GGUF files (Llama in Q8_0, Q4_0, Q4_1; Qwen3-MoE and
+Mixtral, whose experts load dequantized), an AWQ, a GPTQ and FP8 (per-tensor and per-channel scales) checkpoints
+give the logits of the same model in one process, and each rank holds about half of its quantized bytes (each rank
+cut its slice of the file's blocks, or of the checkpoint's packed words, before repacking it)."""
 
 from __future__ import annotations
 
@@ -20,24 +21,27 @@ LOGITS_ATOL = 5e-5
 GROUP = 32
 
 
-def quantized_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every quantized weight the model holds, packed for its kernel (GGUF: the linear layers' kernels,
+def quantized_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """Bytes of the quantized weights the model holds, packed for its kernel (GGUF: the linear layers' kernels,
     the embedding's raw rows and the head's kernel; AWQ/GPTQ: each linear layer's packed weight; FP8: each linear
-    layer's weight, which a CPU holds dequantized)."""
+    layer's weight, which a CPU holds dequantized): (in the layers that split, in replicated layers: the routers)."""
+    from vx.models.layers.linear import ReplicatedLinear
     from vx.models.layers.quantization.fp8 import Fp8LinearMethod
 
-    total = 0
+    sharded = replicated = 0
     for module in model.modules():
-        state = module.__dict__
+        state, total = module.__dict__, 0
         if isinstance(getattr(module, "quant_method", None), Fp8LinearMethod):
             total += module.weight.nbytes
         total += sum(k.nbytes for k in state.get("gguf_kernels", ()))
-        for name in ("gguf_head", "quant_weight"):
+        for name in ("gguf_head", "quant_weight", "gguf_rows"):
             if state.get(name) is not None:
                 total += state[name].nbytes
-        if state.get("gguf_rows") is not None:
-            total += state["gguf_rows"].nbytes
-    return total
+        if isinstance(module, ReplicatedLinear):
+            replicated += total
+        else:
+            sharded += total
+    return sharded, replicated
 
 
 def _load(source: dict, tp_group=None) -> torch.nn.Module:
@@ -88,16 +92,18 @@ def packed_checkpoints(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "awq", "gptq", "fp8", "fp8_channel"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "qwen3_moe:Q8_0", "mixtral:Q4_0", "awq", "gptq", "fp8",
+                                  "fp8_channel"])
 def test_two_ranks_of_a_quantized_model_give_its_logits_holding_half_its_bytes(tiny_gguf, packed_checkpoints,
                                                                                tmp_path, kind):
     if kind in packed_checkpoints:
         source = {"method": kind.removesuffix("_channel"), "dir": packed_checkpoints[kind]}
     else:
-        tiny = tiny_gguf(kind)  # untied: the head is stored in this type too
+        family, _, types = kind.rpartition(":")
+        tiny = tiny_gguf(types, family=family or "llama")  # untied: the head is stored in this type too
         source = {"method": "gguf", "dir": tiny.float_dir, "gguf": tiny.gguf_path}
     whole = _load(source)
-    want, whole_bytes = _logits(whole), quantized_bytes(whole)
+    want, (whole_bytes, router_bytes) = _logits(whole), quantized_bytes(whole)
     assert whole_bytes > 0
     mp.spawn(_rank_main, args=(source, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
@@ -106,5 +112,10 @@ def test_two_ranks_of_a_quantized_model_give_its_logits_holding_half_its_bytes(t
         for req_id, logits in want.items():
             torch.testing.assert_close(torch.tensor(got["logits"][req_id]), torch.tensor(logits),
                                        atol=LOGITS_ATOL, rtol=0)
-        # Half of every quantized weight (the vocabulary rows of the embedding and head split too).
-        assert got["quantized_bytes"] == pytest.approx(whole_bytes / 2, rel=0.02)
+        # Half of every quantized weight (the vocabulary rows of the embedding and head split too); a mixture of
+        # experts' routers stay whole on each rank (its experts are float: GGUF's are dequantized as they load).
+        # Measured within 1%, but 2.8% over for the 64-wide tiny Mixtral in Q4_0: the 4-bit kernel pads its LM head's
+        # rows (each rank's half of the vocabulary) to its row multiple, a large share of so small a model (its
+        # other layers measured exactly half). A layer left unsplit would be 100% over.
+        assert got["quantized_bytes"][0] == pytest.approx(whole_bytes / 2, rel=0.05)
+        assert got["quantized_bytes"][1] == router_bytes
