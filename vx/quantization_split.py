@@ -107,7 +107,8 @@ def check_quantized_split(method: str | None, hf_config: Any, tp: int, head_dim:
     for layer, k in rows.items():
         if (k // tp) % align:
             raise ValueError(f"tensor_parallel_size={tp}: {layer} has {k} input features, {k // tp} per rank, which "
-                             f"is not a multiple of the {what}; each rank must hold whole blocks. Use a "
+                             f"is not a multiple of the {what}; each rank must hold whole "
+                             f"{'blocks' if method == 'gguf' else 'groups'}. Use a "
                              f"tensor_parallel_size that leaves a multiple of {align} per rank.")
     for layer, parts in columns.items():
         if pack > 1 and any(size % pack for size in parts):
