@@ -20,6 +20,7 @@ from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
 from vx.hf_config import HFConfig, ResolvedHFConfig, config_fields, resolve_hf_config
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
+from vx.quantization_split import check_quantized_split
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
@@ -409,7 +410,8 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
                          ) -> None:
     """The model can be split as `parallel` asks: a family whose layers shard, attention heads (and KV heads, or
     ranks over KV heads: each rank then holds a replica) divisible by the tensor-parallel ranks, at least one layer
-    a pipeline stage, no quantized weights under tensor parallelism (not sharded yet). ValueError naming the field."""
+    a pipeline stage, quantized weights only in a format that splits, aligned to its blocks or groups per rank
+    (vx.quantization_split). ValueError naming the field."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if tp * pp == 1:
         return
@@ -425,9 +427,7 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
     layers = int(hf_config.num_hidden_layers)
     if pp > layers:
         raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {layers} layers (each stage needs one).")
-    if tp > 1 and quant_method is not None:
-        raise ValueError(f"tensor_parallel_size={tp}: quantized weights ({quant_method}) are not split across "
-                         "tensor-parallel ranks yet; use tensor_parallel_size=1 (pipeline_parallel_size may be > 1).")
+    check_quantized_split(quant_method, hf_config, tp, hf_head_dim(hf_config), kv_heads)
 
 
 def checkpoint_quantization_config(hf_config: Any) -> dict[str, Any] | None:

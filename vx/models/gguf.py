@@ -57,7 +57,8 @@ def write_gguf_config(src: str, dst: str) -> None:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     cfg = config.to_dict()
     cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
-    cfg["quantization_config"] = {"quant_method": "gguf", "gguf_file": src}
+    cfg["quantization_config"] = {"quant_method": "gguf", "gguf_file": src,
+                                  "row_parallel_block": row_parallel_block(read_gguf_header(src).tensors)}
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     gen = {"eos_token_id": cfg.get("eos_token_id"), "bos_token_id": cfg.get("bos_token_id")}
@@ -66,6 +67,20 @@ def write_gguf_config(src: str, dst: str) -> None:
     with open(os.path.join(dst, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     tokenizer.save_pretrained(dst)
+
+
+_ROW_PARALLEL_TENSORS = (".attn_output.weight", ".ffn_down.weight")
+
+
+def row_parallel_block(tensors: list[TensorInfo]) -> int:
+    """The largest block, in weights along a row, of the tensors that tensor parallelism splits along their rows
+    (o_proj, down_proj; experts are dequantized at load): what each rank's share of a row must be a multiple of,
+    so that the config can check a split before any worker reads the file (vx.quantization_split)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    blocks = [GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)][0] for t in tensors
+              if t.name.endswith(_ROW_PARALLEL_TENSORS) and t.ggml_type in GGML_QUANT_SIZES]
+    return max(blocks, default=1)
 
 
 # Layer counts of the 27B Gemma models, whose query scale llama.cpp takes from hidden / heads.

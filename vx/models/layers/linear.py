@@ -5,8 +5,8 @@ Every layer stores only its own rank's shard of the weight, and each parameter c
 checkpoint tensor. How the weight is stored and multiplied is the layer's `quant_method` (the float path by
 default, vx/models/layers/quantization/): it creates the parameters and tags each with the dim that runs along the
 layer's output features (`output_dim`) and input features (`input_dim`), so that the same loaders cut a packed
-quantized tensor, its scales or a float weight. Only TP=1 runs today, but the shapes are already the sharded ones so
-that adding a collective later changes no loading code.
+quantized tensor, its scales or a float weight. Under tensor parallelism each rank builds the sharded shapes and
+RowParallelLinear sums the ranks' products over its group.
 """
 
 from __future__ import annotations

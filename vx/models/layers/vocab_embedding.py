@@ -2,7 +2,8 @@
 
 Each rank holds a contiguous slice of the vocabulary (padded so every rank gets the same row count).
 With TP=1 this is a plain embedding / projection. A quantization method that quantizes the table (GGUF files
-do) owns its parameters, its row lookup and its matmul; otherwise the table is a float `weight`.
+do) owns its parameters, its row lookup and its matmul (of this rank's rows: vocab_start..vocab_end, padded);
+otherwise the table is a float `weight`.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         if tp_group is not None:
             tp_size, tp_rank = tp_group.world_size, tp_group.rank_in_group
-        if tp_size > 1 and quant_config is not None:
-            raise ValueError(f"{prefix}: a quantized token table is not split across tensor-parallel ranks yet.")
         self.tp_group = tp_group
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
@@ -66,11 +65,15 @@ class VocabParallelEmbedding(nn.Module):
         if self.tp_size > 1:
             # Each rank embeds the ids of its slice (zeros for the others); the sum over the ranks is the embedding.
             mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
-            rows = F.embedding(torch.where(mine, input_ids - self.vocab_start, 0), self.weight)
+            rows = self._lookup(torch.where(mine, input_ids - self.vocab_start, 0))
             return self.tp_group.all_reduce(rows * mine.unsqueeze(-1).to(rows.dtype))
+        return self._lookup(input_ids)
+
+    def _lookup(self, local_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of this rank's table (ids counted from its first row), through the quantization method if any."""
         if self.quant_method is not None:
-            return self.quant_method.embedding(self, input_ids)
-        return F.embedding(input_ids, self.weight)
+            return self.quant_method.embedding(self, local_ids)
+        return F.embedding(local_ids, self.weight)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, tp={self.tp_rank}/{self.tp_size}"
@@ -105,16 +108,15 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """Logits [N, vocab] in float32 for hidden states [N, hidden]."""
-        if self.tp_size > 1:
-            # Each rank's vocabulary slice of the logits, gathered in rank order (the padding rows cut below).
-            return self.tp_group.all_gather(F.linear(hidden_states, self.weight, self.bias), dim=-1)[
-                ..., :self.num_embeddings].float()
         if self.quant_method is not None:
             # A tied head computes from the embedding's state, which the method readied on that module.
             table = self.__dict__.get("tied_embedding", self)
             logits = self.quant_method.apply(table, hidden_states, self.bias)
         else:
             logits = F.linear(hidden_states, self.weight, self.bias)
+        if self.tp_size > 1:
+            # Each rank's vocabulary slice of the logits, gathered in rank order (the padding rows cut below).
+            logits = self.tp_group.all_gather(logits, dim=-1)
         if logits.shape[-1] != self.num_embeddings:
             logits = logits[..., : self.num_embeddings]
         return logits.float()

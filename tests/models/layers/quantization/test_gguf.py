@@ -220,3 +220,12 @@ def test_the_config_needs_the_file():
     with pytest.raises(ValueError, match="must name its file"):
         GGUFConfig.from_config({"quant_method": "gguf"})
     assert GGUFConfig.from_config({"quant_method": "gguf", "gguf_file": "/x.gguf"}).gguf_file == "/x.gguf"
+
+
+def test_a_rank_that_would_cut_a_block_is_refused_naming_the_layer_and_the_sizes():
+    # Q4_K's super-blocks hold 256 weights: 256 input features over 2 ranks leave each half a block.
+    row = RowParallelLinear(256, 64, tp_size=2, tp_rank=1, quant_config=_Config(), prefix="model.layers.0.mlp.down")
+    _feed(row, (_raw(64, 256, T.Q4_K, 10)[0], T.Q4_K))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.down: tensor_parallel_size=2 gives each rank 128 of "
+                                         r"its 256 input features, which is not a multiple of Q4_K's block of 256"):
+        row.quant_method.process_weights_after_loading(row)

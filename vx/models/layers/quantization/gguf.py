@@ -15,6 +15,7 @@ from typing import Any, Iterable, Union
 
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from vx.models.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
@@ -146,6 +147,12 @@ def _rank_part(layer: nn.Module, raw: torch.Tensor, ggml_type: int, rows: int, f
                          f"bytes) does not match the model's {full_rows} x {layer.input_size} weights.")
     raw = raw.narrow(0, chunk * rows, rows)
     if isinstance(layer, RowParallelLinear) and layer.tp_size > 1:
+        block = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)][0]
+        if layer.input_size_per_partition % block:
+            raise ValueError(f"{where}: tensor_parallel_size={layer.tp_size} gives each rank "
+                             f"{layer.input_size_per_partition} of its {layer.input_size} input features, which is "
+                             f"not a multiple of {type_name(ggml_type)}'s block of {block} weights; a rank must hold "
+                             f"whole blocks (use a tensor_parallel_size that leaves a multiple of {block}).")
         width = row_bytes(ggml_type, layer.input_size_per_partition)
         raw = raw.narrow(1, layer.tp_rank * width, width)
     return raw
