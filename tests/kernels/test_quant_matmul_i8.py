@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.quant_matmul import assert_within_rounding, dequantize, int8_activation_bound, random_groupwise
+from tests.support.quant_matmul import (assert_within_int8_rounding, assert_within_rounding, dequantize,
+                                        random_groupwise)
 from vx.kernels.quant_matmul import load_quant_matmul_kernel
 from vx.platform import cpu_flags
 
@@ -18,15 +19,6 @@ pytestmark = pytest.mark.skipif(load_quant_matmul_kernel() is None,
 
 # (vector bytes, VNNI): the CPU's own build, the 256-bit layout, and the 256-bit one built without VNNI (maddubs)
 BUILDS = [(None, True), (32, True), (32, False)]
-
-
-def _assert_within_int8_rounding(y, x, q, scale, zero, group, bits):
-    exact = x.double() @ dequantize(q, scale, zero, group).T
-    bound = int8_activation_bound(x, q, scale, zero, group, bits)
-    err = (y.double() - exact).abs()
-    worst = (err - bound).argmax().item()
-    assert (err <= bound).all(), (f"error {err.flatten()[worst].item():.3e} above its bound "
-                                  f"{bound.flatten()[worst].item():.3e} at (row, output) {divmod(worst, q.shape[0])}")
 
 
 @pytest.mark.parametrize("vector_bytes,vnni", BUILDS)
@@ -48,7 +40,7 @@ def test_int8_path_is_within_the_rounding_of_x(monkeypatch, vector_bytes, vnni, 
     for m in (1, 3, 12, 17, 64):  # one row, a tail, a tile and a tail, tiles
         x = torch.randn(m, k, generator=gen)
         x[0, :group] *= 50  # one group of a row far larger than the rest: its own step, the others unharmed
-        _assert_within_int8_rounding(kernel.matmul(x, packed), x, q, scale, zero, group, bits)
+        assert_within_int8_rounding(kernel.matmul(x, packed), x, q, scale, zero, group, bits)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

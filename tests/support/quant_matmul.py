@@ -75,3 +75,17 @@ def int8_activation_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     magnitude = s * (q.double().abs() + 2 * offset) + z.abs()  # [N, K]
     u = UNIT_ROUNDOFF[torch.float32]
     return half_step @ w.abs().T + (k // group + 8) * u * ((x64.abs() + half_step) @ magnitude.T)
+
+
+def assert_within_int8_rounding(y: torch.Tensor, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                                zero: torch.Tensor, group: int, bits: int) -> None:
+    """y (in x's dtype, any leading dimensions) equals x @ W^T up to `int8_activation_bound` (x rounded to int8 per
+    group, the int8-activation path) and the result's rounding to x's dtype."""
+    x2 = x.reshape(-1, q.shape[1])
+    exact = x2.double() @ dequantize(q, scale, zero, group).T
+    u_out = UNIT_ROUNDOFF[x.dtype] if x.dtype != torch.float32 else 0.0
+    bound = int8_activation_bound(x2.float(), q, scale, zero, group, bits) * (1 + u_out) + u_out * exact.abs()
+    err = (y.double().reshape(exact.shape) - exact).abs()
+    worst = (err - bound).argmax().item()
+    assert (err <= bound).all(), (f"error {err.flatten()[worst].item():.3e} above its bound "
+                                  f"{bound.flatten()[worst].item():.3e} at (row, output) {divmod(worst, q.shape[0])}")
