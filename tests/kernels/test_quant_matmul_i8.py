@@ -117,3 +117,12 @@ def test_an_unknown_mode_is_refused(monkeypatch):
     q, scale, zero = random_groupwise(24, 64, 32, 4, seed=8)
     with pytest.raises(ValueError, match="VX_CPU_MATMUL"):
         load_quant_matmul_kernel().pack(q, scale, zero, 32, 4)
+
+
+def test_no_rows(monkeypatch):
+    monkeypatch.setenv("VX_CPU_MATMUL", "int8")
+    kernel = load_quant_matmul_kernel()
+    if 4 not in kernel.i8_bits:
+        pytest.skip("no int8 path here")
+    q, scale, zero = random_groupwise(20, 64, 32, 4, seed=9)
+    assert kernel.matmul(torch.zeros(0, 64), kernel.pack(q, scale, zero, 32, 4)).shape == (0, 20)
