@@ -61,8 +61,9 @@ VX_CPU_MATMUL: EnvVar[str] = EnvVar(
     "VX_CPU_MATMUL", "auto", _cpu_matmul,
     "how vx's C kernel multiplies quantized weights on the CPU, chosen when a weight is loaded: `float` (float32 "
     "activations times the dequantized weight: exact up to float rounding), `int8` (activations rounded to int8 "
-    "per group of the weight, integer dot products: faster, each element off by at most half a step of its group, 1/254 of the group's largest magnitude; llama.cpp's GGUF path rounds the same way) "
-    "or `auto` (int8 where the CPU has VNNI dot products, float elsewhere)")
+    "per group of the weight, integer dot products: faster, each element off by at most half a step of its group, "
+    "1/254 of the group's largest magnitude; llama.cpp's GGUF path rounds the same way) or `auto` (int8 where the "
+    "CPU has VNNI dot products, float elsewhere)")
 
 VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
     "VX_DECODE_COMPILE", "background", str,

@@ -16,13 +16,13 @@ from vx.kernels.quant_matmul import load_quant_matmul_kernel
 pytestmark = pytest.mark.skipif(load_quant_matmul_kernel() is None,
                                 reason="the CPU kernel cannot be built here (no C compiler)")
 
-WIDTHS = [None, 16, 32, 64]
+WIDTHS = [None, 16, 32, 64]  # the CPU's own, then SSE/NEON-sized, AVX2-sized and AVX-512-sized vectors
 
 
 @pytest.fixture(autouse=True)
 def float_path(monkeypatch):
     """This file checks the float path (exact up to float rounding); test_quant_matmul_i8.py the int8 one."""
-    monkeypatch.setenv("VX_CPU_MATMUL", "float")  # the CPU's own, then SSE/NEON-sized, AVX2-sized and AVX-512-sized vectors
+    monkeypatch.setenv("VX_CPU_MATMUL", "float")
 
 
 @pytest.mark.parametrize("vector_bytes", WIDTHS)

@@ -178,7 +178,9 @@ AI void one_panel(const int8_t *xq, const float *xd, const float *xc, int64_t M,
     for (; m + MT <= M; m += MT)
         tile(xq + m * K, xd + m * ng, xc + m * ng, K, G, MT, panel, sz, bits, half, y + m * ldy, ldy, valid);
     switch (M - m) { /* the last rows, as one tile of their exact count (constant R in each) */
-#define TAIL(r) case r: tile(xq + m * K, xd + m * ng, xc + m * ng, K, G, r, panel, sz, bits, half, y + m * ldy, ldy, valid); break;
+#define TAIL(r)                                                                                          \
+    case r: tile(xq + m * K, xd + m * ng, xc + m * ng, K, G, r, panel, sz, bits, half, y + m * ldy, ldy, valid); \
+        break;
         TAIL(1) TAIL(2)
 #if MT > 3
         TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
