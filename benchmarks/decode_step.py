@@ -5,10 +5,12 @@
     python -m benchmarks.decode_step --backends cpu --kv-cache-dtypes auto,fp8_e4m3,int8
     python -m benchmarks.decode_step --batch 1 --backends cpu --modes eager,compiled --breakdown
     python -m benchmarks.decode_step --backends auto --batch 1,8,16,32,64   # where tokens/s stops growing
+    python -m benchmarks.decode_step --backends cpu --modes compiled --batch 1,32,64 --cpu-matmuls float,int8
 
 `--batch` requests with random `--context`-token prompts are prefilled, then decode steps are timed for each
 variant (each backend in `--backends` with each dtype in `--kv-cache-dtypes`, each mode in `--modes` and each batch
-size in `--batch`): `torch` gathers each context out of
+size in `--batch`, and each of `--cpu-matmuls`: VX_CPU_MATMUL while the engine loads, the quantized weights'
+float or int8-activation path): `torch` gathers each context out of
 the paged cache before SDPA, `cpu` reads it in place with vx's C kernel; `fp8_e4m3` / `int8` store the cache in 8
 bits (decoded as it is read). Same model, same batch, one engine per variant, all alive at once in this process: the
 variants take turns, `--steps` timed steps each per round (after 3 warm-up steps), for `--repeats` rounds, so that a
@@ -35,7 +37,7 @@ from benchmarks.common import (Table, add_model_args, engine_model_runner, model
                                ratio, resolve_bench_model, set_threads)
 
 
-def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, batch: int,
+def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, batch: int, cpu_matmul: str,
                  args: argparse.Namespace) -> Any:
     """An LLMEngine with `batch` requests prefilled and 3 decode steps done, ready to time; in `compiled` mode, with
     the decode graph of the batch's size compiled."""
@@ -43,8 +45,10 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, b
     from vx.client.llm_engine import LLMEngine
     from vx.config import EngineArgs
 
-    saved = os.environ.get("VX_DECODE_COMPILE")
+    saved = {name: os.environ.get(name) for name in ("VX_DECODE_COMPILE", "VX_CPU_MATMUL")}
     os.environ["VX_DECODE_COMPILE"] = "background"  # the one size timed is compiled below
+    if cpu_matmul:
+        os.environ["VX_CPU_MATMUL"] = cpu_matmul  # read as the weights are packed, at load
     try:
         engine = LLMEngine.from_engine_args(EngineArgs(
             model=model_dir, dtype=args.dtype, device=args.device, attention_backend=backend,
@@ -53,10 +57,11 @@ def start_engine(model_dir: str, backend: str, kv_cache_dtype: str, mode: str, b
             max_model_len=args.context + args.repeats * args.steps + 32 + _BREAKDOWN_STEPS,
             num_kv_blocks=_blocks_needed(batch, args), enforce_eager=mode == "eager"))
     finally:
-        if saved is None:
-            os.environ.pop("VX_DECODE_COMPILE")
-        else:
-            os.environ["VX_DECODE_COMPILE"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     graphs = engine_model_runner(engine).decode_graphs
     if mode == "compiled":
         if graphs is None:
@@ -182,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kv-cache-dtypes", default="auto",
                     help="KV-cache dtypes to compare (auto, fp8_e4m3, int8), the first is the base")
     ap.add_argument("--modes", default="eager", help="eager and/or compiled (decode graphs), e.g. eager,compiled")
+    ap.add_argument("--cpu-matmuls", default="",
+                    help="VX_CPU_MATMUL values to compare (float, int8, auto), the first is the base (default: "
+                         "as the environment says)")
     ap.add_argument("--breakdown", action="store_true",
                     help="print where each variant's step goes (matmuls, LM head, attention, rest, sampling, engine)")
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's top ops per variant")
@@ -194,12 +202,15 @@ def main(argv: list[str] | None = None) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not set(modes) <= {"eager", "compiled"}:
         ap.error(f"--modes: eager and/or compiled, got {args.modes!r}")
-    variants = [(b, k, m, n) for b in backends for k in kv_dtypes for m in modes for n in args.batch]
+    matmuls = [c.strip() for c in args.cpu_matmuls.split(",") if c.strip()] or [""]
+    variants = [(b, k, m, n, c) for b in backends for k in kv_dtypes for m in modes for n in args.batch
+                for c in matmuls]
     names = {v: ", ".join([v[0]] + ([f"kv {v[1]}"] if len(kv_dtypes) > 1 else []) + ([v[2]] if len(modes) > 1 else [])
-                          + ([f"batch {v[3]}"] if len(args.batch) > 1 else [])) for v in variants}
+                          + ([f"batch {v[3]}"] if len(args.batch) > 1 else [])
+                          + ([f"{v[4]} matmul"] if len(matmuls) > 1 else [])) for v in variants}
     engines = {v: start_engine(model_dir, *v, args) for v in variants}
     try:
-        rounds: dict[tuple[str, str, str, int], list[float]] = {v: [] for v in variants}
+        rounds: dict[tuple[str, str, str, int, str], list[float]] = {v: [] for v in variants}
         for r in range(args.repeats):
             # Each round starts one variant later: none always runs first (or right after the same neighbour).
             for v in variants[r % len(variants):] + variants[:r % len(variants)]:

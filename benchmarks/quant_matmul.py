@@ -13,7 +13,9 @@ shape (the default model's projections as vx fuses them, its LM head, and an 8B 
 - torchao's CPU weight-only layouts when torchao is installed (`pip install torchao==0.18.0`; on the CPU its
   int4 runs the same torch op as above, its int8 converts the whole weight to float per call);
 - dequantizing the whole weight per call (the reference Int8Groupwise had), for int8 groupwise;
-- vx's C kernel (`vx.kernels.quant_matmul`) and the path vx chose (`Int4Groupwise` ... `.matmul`).
+- vx's C kernel (`vx.kernels.quant_matmul`), its float path (float32 x times the weight dequantized in registers)
+  and its int8 path (x rounded to int8 per group, VNNI integer dot products) side by side, and the path vx chose
+  (`Int4Groupwise` ... `.matmul`; `VX_CPU_MATMUL`). `--only-vx` keeps just these and float F.linear.
 
 Weights rotate over copies totalling `--cold-mib` so each call reads its weight from memory, as a decode
 step does (one weight per layer); candidates run interleaved, round after round, and a cell is the median
@@ -157,13 +159,24 @@ def _torchao(layout: str) -> Callable[[Weights, Any], Matmul]:
     return make
 
 
-def _vx_kernel(layout: str) -> Callable[[Weights, Any], Matmul]:
+def _vx_kernel(layout: str, path: str) -> Callable[[Weights, Any], Matmul]:
+    """vx's C kernel packed for `path` (`float` or `int8`, as VX_CPU_MATMUL would choose)."""
     def make(w: Weights, dtype: Any) -> Matmul:
         import torch
         from vx.kernels.quant_matmul import load_quant_matmul_kernel
 
         kernel = load_quant_matmul_kernel()
-        packed = kernel.pack(w.q, w.scale, w.zero, w.group, 4 if layout == "int4" else 8)
+        saved = os.environ.get("VX_CPU_MATMUL")
+        os.environ["VX_CPU_MATMUL"] = path
+        try:
+            packed = kernel.pack(w.q, w.scale, w.zero, w.group, 4 if layout == "int4" else 8)
+        finally:
+            if saved is None:
+                del os.environ["VX_CPU_MATMUL"]
+            else:
+                os.environ["VX_CPU_MATMUL"] = saved
+        if packed.int8_activations != (path == "int8"):
+            raise ValueError(f"the {path} path does not serve this weight here")
         return lambda x: kernel.matmul(x.to(torch.float32), packed).to(x.dtype)
     return make
 
@@ -183,8 +196,9 @@ def _vx_chosen(layout: str) -> Callable[[Weights, Any], Matmul]:
     return make
 
 
-def candidates(layout: str, dtype_name: str) -> list[Candidate]:
-    """The float competitor first, then every candidate that applies to `layout` with `dtype_name` activations."""
+def candidates(layout: str, dtype_name: str, only_vx: bool = False) -> list[Candidate]:
+    """The float competitor first, then every candidate that applies to `layout` with `dtype_name` activations
+    (`only_vx`: vx's float and int8 paths and vx's choice, the competitor still first)."""
     import importlib.util
 
     from vx.kernels.quant_matmul import load_quant_matmul_kernel
@@ -205,9 +219,16 @@ def candidates(layout: str, dtype_name: str) -> list[Candidate]:
     if importlib.util.find_spec("torchao") is not None:
         name = {"int4": "int4 (opaque)", "int8g": "int8 PerGroup", "int8pc": "int8 PerRow"}[layout]
         out.append(Candidate("torchao " + name, _torchao(layout), int_bytes if layout == "int4" else None))
-    if load_quant_matmul_kernel() is not None:
-        out.append(Candidate("vx C kernel", _vx_kernel(layout), int_bytes))
-    chosen = _vx_chosen(layout)(make_weights(layout, 16, 64, 32, 0), torch_dtype(dtype_name)).__self__.kernel
+    kernel = load_quant_matmul_kernel()
+    if kernel is not None:
+        out.append(Candidate("vx C float path", _vx_kernel(layout, "float"), int_bytes))
+        if (4 if layout == "int4" else 8) in kernel.i8_bits:
+            out.append(Candidate("vx C int8 path", _vx_kernel(layout, "int8"), int_bytes))
+    if only_vx:
+        out = [out[0], *(c for c in out if c.name.startswith("vx C"))]
+    chosen_weight = _vx_chosen(layout)(make_weights(layout, 16, 64, 32, 0), torch_dtype(dtype_name)).__self__
+    chosen = chosen_weight.kernel + (" int8" if getattr(getattr(chosen_weight, "_packed", None), "int8_activations",
+                                                        False) else "")
     out.append(Candidate(f"vx chosen ({chosen})", _vx_chosen(layout), int_bytes))
     return out
 
@@ -230,7 +251,7 @@ def measure_table(layout: str, shape: str, dtype_name: str, batches: list[int], 
     n, k = SHAPES[shape]
     dtype = torch_dtype(dtype_name)
     w = make_weights(layout, n, k, args.group_size, args.seed)
-    cands = candidates(layout, dtype_name)
+    cands = candidates(layout, dtype_name, args.only_vx)
     gen = torch.Generator().manual_seed(args.seed + 1)
     xs = {m: torch.randn(m, k, generator=gen).to(dtype) for m in batches}
     slow: set[str] = set()
@@ -310,6 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-copies", type=int, default=256)
     ap.add_argument("--max-call-s", type=float, default=1.0,
                     help="a candidate slower than this per call is timed once (its warm-up call)")
+    ap.add_argument("--only-vx", action="store_true",
+                    help="only vx's C kernel paths side by side (float and int8 activations) and vx's choice, "
+                         "besides float F.linear")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads (default: torch's)")
     args = ap.parse_args(argv)

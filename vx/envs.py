@@ -51,6 +51,20 @@ VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`; "
     "quantized weights multiply through torch's slower ops")
 
+def _cpu_matmul(value: str) -> str:
+    if value not in ("auto", "float", "int8"):
+        raise ValueError(f"VX_CPU_MATMUL must be auto, float or int8, not {value!r}.")
+    return value
+
+
+VX_CPU_MATMUL: EnvVar[str] = EnvVar(
+    "VX_CPU_MATMUL", "auto", _cpu_matmul,
+    "how vx's C kernel multiplies quantized weights on the CPU, chosen when a weight is loaded: `float` (float32 "
+    "activations times the dequantized weight: exact up to float rounding), `int8` (activations rounded to int8 "
+    "per group of the weight, integer dot products: faster, each element off by at most half a step of its group, "
+    "1/254 of the group's largest magnitude; llama.cpp's GGUF path rounds the same way) or `auto` (int8 where the "
+    "CPU has VNNI dot products, float elsewhere)")
+
 VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
     "VX_DECODE_COMPILE", "background", str,
     "when the decode graphs are built: `background` (the CPU's compiled graphs, one batch size at a time while "

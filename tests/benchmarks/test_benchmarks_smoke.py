@@ -142,6 +142,26 @@ def test_decode_step_per_batch_size(micro_model, capsys):
     assert "| torch, batch 1 " in out and "| torch, batch 3 " in out and "vs torch, batch 1" in out
 
 
+def test_decode_step_per_cpu_matmul(micro_model, capsys):
+    get_main("decode_step")(["--model", micro_model, "--batch", "2", "--context", "12", "--steps", "1",
+                             "--repeats", "1", "--backends", "torch", "--cpu-matmuls", "float,int8"])
+    out = capsys.readouterr().out
+    assert "| torch, float matmul " in out and "| torch, int8 matmul " in out
+
+
+def test_quant_matmul_paths_side_by_side(capsys):
+    from vx.kernels.quant_matmul import load_quant_matmul_kernel
+
+    kernel = load_quant_matmul_kernel()
+    if kernel is None:
+        pytest.skip("the CPU kernel cannot be built here")
+    get_main("quant_matmul")(["--shapes", "o", "--batches", "1,3", "--rounds", "1", "--pass-s", "0.001",
+                              "--cold-mib", "1", "--layouts", "int4", "--dtypes", "float32", "--only-vx"])
+    out = capsys.readouterr().out
+    assert "vx C float path" in out and "vx chosen" in out and "torch int4pack" not in out
+    assert ("vx C int8 path" in out) == (4 in kernel.i8_bits)
+
+
 def test_prefill_chunk(micro_model, capsys):
     get_main("prefill_chunk")(["--model", micro_model, "--budgets", "8,32", "--prompt-len", "40", "--rounds", "2"])
     out = capsys.readouterr().out

@@ -19,6 +19,12 @@ pytestmark = pytest.mark.skipif(load_quant_matmul_kernel() is None,
 WIDTHS = [None, 16, 32, 64]  # the CPU's own, then SSE/NEON-sized, AVX2-sized and AVX-512-sized vectors
 
 
+@pytest.fixture(autouse=True)
+def float_path(monkeypatch):
+    """This file checks the float path (exact up to float rounding); test_quant_matmul_i8.py the int8 one."""
+    monkeypatch.setenv("VX_CPU_MATMUL", "float")
+
+
 @pytest.mark.parametrize("vector_bytes", WIDTHS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n,k,group", [(33, 64, 32), (40, 96, 16), (7, 48, 3), (17, 600, 40), (50, 320, 320)])

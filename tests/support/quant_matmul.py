@@ -51,3 +51,41 @@ def assert_within_rounding(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     worst = (err - bound).argmax().item()
     assert (err <= bound).all(), (f"error {err.flatten()[worst].item():.3e} above its bound "
                                   f"{bound.flatten()[worst].item():.3e} at (row, output) {divmod(worst, w.shape[0])}")
+
+
+def int8_activation_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
+                          bits: int) -> torch.Tensor:
+    """How far a product with x rounded to int8 per (row, group) may be from the exact x @ W^T, per [M, N].
+
+    Rounding x[m, k] to d * round(x / d), d = max |x[m, group]| / 127, errs by at most d / 2 (plus a few float32
+    roundings of d and 1 / d: the 1e-4 margin), so y errs by at most sum_k |w[n, k]| d[m, g(k)] / 2. The integer
+    dot products are exact; each group's float epilogue (dx * (s * dot + z * sum)) and the sum over groups round
+    at most (groups + 8) times, relative to the products' magnitudes with the codes as the kernel holds them
+    (8-bit ones biased by 128, the zero by -128 s).
+    """
+    m, k = x.shape
+    n = q.shape[0]
+    x64 = x.double()
+    step = x64.abs().view(m, k // group, group).amax(-1) / 127
+    half_step = (step / 2 * (1 + 1e-4)).repeat_interleave(group, dim=1)  # [M, K]
+    w = dequantize(q, scale, zero, group)
+    offset = 128 if bits == 8 else 0
+    s = scale.double().repeat_interleave(group, dim=1)
+    z = zero.double().repeat_interleave(group, dim=1)
+    magnitude = s * (q.double().abs() + 2 * offset) + z.abs()  # [N, K]
+    u = UNIT_ROUNDOFF[torch.float32]
+    return half_step @ w.abs().T + (k // group + 8) * u * ((x64.abs() + half_step) @ magnitude.T)
+
+
+def assert_within_int8_rounding(y: torch.Tensor, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                                zero: torch.Tensor, group: int, bits: int) -> None:
+    """y (in x's dtype, any leading dimensions) equals x @ W^T up to `int8_activation_bound` (x rounded to int8 per
+    group, the int8-activation path) and the result's rounding to x's dtype."""
+    x2 = x.reshape(-1, q.shape[1])
+    exact = x2.double() @ dequantize(q, scale, zero, group).T
+    u_out = UNIT_ROUNDOFF[x.dtype] if x.dtype != torch.float32 else 0.0
+    bound = int8_activation_bound(x2.float(), q, scale, zero, group, bits) * (1 + u_out) + u_out * exact.abs()
+    err = (y.double().reshape(exact.shape) - exact).abs()
+    worst = (err - bound).argmax().item()
+    assert (err <= bound).all(), (f"error {err.flatten()[worst].item():.3e} above its bound "
+                                  f"{bound.flatten()[worst].item():.3e} at (row, output) {divmod(worst, q.shape[0])}")

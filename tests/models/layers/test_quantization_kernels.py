@@ -1,5 +1,6 @@
-"""The weight-only integer matmuls: the same result as the float weight they stand for, on the path vx chose and on
-its torch fallback, and never through a float copy of the weight."""
+"""The weight-only integer matmuls: the same result as the float weight they stand for, on the path vx chose (the C
+kernel's int8-activation path where the CPU has VNNI: within x's int8 rounding), on the C kernel's float path and on
+the torch fallback (within float rounding), and never through a float copy of the weight."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.support.quant_matmul import UNIT_ROUNDOFF, assert_within_rounding, dequantize, random_groupwise
+from tests.support.quant_matmul import (UNIT_ROUNDOFF, assert_within_int8_rounding, assert_within_rounding, dequantize,
+                                        random_groupwise)
 from vx.kernels.quant_matmul import load_quant_matmul_kernel
 from vx.models.layers.quantization import kernels
 from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise, Int8PerChannel
@@ -19,11 +21,15 @@ SHAPES = [(33, 64, 32), (40, 128, 64), (7, 256, 128), (48, 96, 32)]
 MS = [1, 3, 33]
 
 
-@pytest.fixture(params=["chosen", "torch"])
+@pytest.fixture(params=["chosen", "float", "torch"])
 def path(request, monkeypatch):
-    """Each test runs on the kernel vx chose here, and again on the torch fallback (as without a C compiler)."""
+    """Each test runs on the kernel vx chose here, on the C kernel's float path (`VX_CPU_MATMUL=float`), and on the
+    torch fallback (as without a C compiler)."""
+    monkeypatch.delenv("VX_CPU_MATMUL", raising=False)
     if request.param == "torch":
         monkeypatch.setenv("VX_CPU_KERNELS", "0")
+    if request.param == "float":
+        monkeypatch.setenv("VX_CPU_MATMUL", "float")
     load_quant_matmul_kernel.cache_clear()
     yield request.param
     monkeypatch.undo()
@@ -60,20 +66,30 @@ def _weight_error(layer, q, scale, zero, group, dtype) -> torch.Tensor | None:
 @pytest.mark.parametrize("n,k,group", SHAPES)
 def test_matches_its_float_weight(path, layout, dtype, n, k, group):
     layer, q, scale, zero, group = _layer(layout, n, k, group, dtype, seed=n + k)
-    if path == "chosen" and HAS_C_KERNEL:
+    if path != "torch" and HAS_C_KERNEL:
         assert layer.kernel == kernels.VX_CPU
     elif path == "torch":
         assert layer.kernel != kernels.VX_CPU
+    int8_act = layer.kernel == kernels.VX_CPU and layer._packed.int8_activations
+    assert not (int8_act and path == "float")
     w = dequantize(q, scale, zero, group)
     err = _weight_error(layer, q, scale, zero, group, dtype)
+    bits = 4 if layout == "int4" else 8
+
+    def check(y: torch.Tensor, x: torch.Tensor) -> None:
+        if int8_act:
+            assert_within_int8_rounding(y, x, q, scale, zero, group, bits)
+        else:
+            assert_within_rounding(y, x, w, err)
+
     gen = torch.Generator().manual_seed(k)
     for m in MS:
         x = torch.randn(m, k, generator=gen).to(dtype)
-        assert_within_rounding(layer.matmul(x), x, w, err)
+        check(layer.matmul(x), x)
     x = torch.randn(2, 3, k, generator=gen).to(dtype)  # leading dimensions are kept
     y = layer.matmul(x)
     assert y.shape == (2, 3, n)
-    assert_within_rounding(y, x, w, err)
+    check(y, x)
 
 
 @pytest.mark.parametrize("layout", ["int4", "int8g", "int8pc"])
@@ -131,7 +147,10 @@ def test_cpu_runs_the_c_kernel_for_every_layout(monkeypatch):
         layer, q, scale, zero, group = _layer(layout, 24, 64, 32, torch.float32, seed=3)
         assert layer.kernel == kernels.VX_CPU
         x = torch.randn(2, 64)
-        assert_within_rounding(layer.matmul(x), x, dequantize(q, scale, zero, group))
+        if layer._packed.int8_activations:
+            assert_within_int8_rounding(layer.matmul(x), x, q, scale, zero, group, 4 if layout == "int4" else 8)
+        else:
+            assert_within_rounding(layer.matmul(x), x, dequantize(q, scale, zero, group))
 
 
 def test_refuses_groups_that_do_not_fit():

@@ -12,7 +12,10 @@ scales to bf16 doubles the error of a bf16 product (measured: 3e-3 -> 6e-3).
 Kernels, chosen by measurement (`vx bench quant_matmul`; figures in docs/performance.md):
 - CPU: vx's C kernel (`vx.kernels.quant_matmul`) for all three layouts and every activation dtype: with float32
   activations torch's int4pack/int8pack ops run 10-30x slower than the float matmul they replace, and with bf16
-  ones the C kernel (x converted to float32 and back, exact) measured at least as fast here. Without a C
+  ones the C kernel (x converted to float32 and back, exact) measured at least as fast here. On CPUs with VNNI
+  the kernel rounds x to int8 per group and sums integer products (`VX_CPU_MATMUL=auto`: measured ~2x faster
+  than its float path at 1 to 128 rows; x's rounding errs by ~1% of a product, as llama.cpp's GGUF path does;
+  `VX_CPU_MATMUL=float` keeps the exact path). Without a C
   compiler (or with VX_CPU_KERNELS=0): torch's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` in x's
   own dtype (exact, slow in float32), and for Int8Groupwise a dequantization in bounded blocks of rows.
 - CUDA: torch's `_weight_int4pack_mm` for Int4Groupwise; the blocks of rows for both int8 layouts (correct, not
@@ -54,7 +57,8 @@ def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torc
     """
     x2 = x.reshape(-1, packed.in_features).to(torch.float32)
     if torch_ops.tracing(x):
-        y = torch.ops.vx.quant_matmul(x2, packed.q, packed.sz, packed.out_features, packed.group_size, packed.bits)
+        y = torch.ops.vx.quant_matmul(x2, packed.q, packed.sz, packed.out_features, packed.group_size, packed.bits,
+                                      packed.int8_activations)
     else:
         y = kernel.matmul(x2, packed)
     return y.to(x.dtype).reshape(*x.shape[:-1], packed.out_features)
