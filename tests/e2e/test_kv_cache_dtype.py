@@ -32,7 +32,9 @@ def _tiny_prompts() -> list[list[int]]:
     return [[rng.randrange(1, 400) for _ in range(n)] for n in (1, 5, 17, 40, 64, 9, 33, 100)]
 
 
-QUESTIONS = ["What is the capital of France?", "How many legs does a spider have?",
+# The first answer is checked for "Paris": asked bare, the default model's first token is a near tie ("The" leads "L"
+# by 0.08 nats, and int8 activations or a quantized cache flip it), so the question asks for a sentence.
+QUESTIONS = ["What is the capital of France? Answer in one sentence.", "How many legs does a spider have?",
              "What color is the sky on a clear day?", "Name the largest planet in the solar system.",
              "What is 2 plus 2?", "Who wrote Romeo and Juliet?", "What language is spoken in Brazil?",
              "What is the boiling point of water in Celsius?"]
@@ -105,8 +107,12 @@ def test_tiny_model_greedy_parts_only_at_near_ties(tiny_runs, kv_cache_dtype, at
 
 @pytest.fixture(scope="module")
 def default_runs(default_model_dir) -> dict[str, list]:
-    return {kv: _generate(default_model_dir, kv, QUESTIONS, 16, max_model_len=512, kv_cache_memory_bytes=2**26)[0]
-            for kv in ("auto", "fp8_e4m3", "int8")}
+    # The cache's effect alone: the matmuls on the exact float path (int8 activations, VX_CPU_MATMUL=auto on VNNI
+    # CPUs, move log-probabilities too, and the agreement counts below were measured without them).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VX_CPU_MATMUL", "float")
+        return {kv: _generate(default_model_dir, kv, QUESTIONS, 16, max_model_len=512,
+                              kv_cache_memory_bytes=2**26)[0] for kv in ("auto", "fp8_e4m3", "int8")}
 
 
 @pytest.mark.parametrize("kv_cache_dtype,at_least", [("fp8_e4m3", 3), ("int8", 7)])
