@@ -21,18 +21,13 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
-import msgspec
 import zmq
 
-from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig, encode_config
-from vx.executor.abstract import Executor
+from vx.executor.distributed_executor import DistributedExecutor
 from vx.executor.worker_process import WorkerProcess
-from vx.executor.worker_protocol import STARTUP_SEQ, InitKVCache, WorkerCall, WorkerReply, WorkerStartup, encode
-from vx.step import ModelRunnerOutput, SchedulerOutput, StepDecoder, encode_step
+from vx.executor.worker_protocol import STARTUP_SEQ, WorkerCall, WorkerReply, WorkerStartup, encode
 
 logger = logging.getLogger(__name__)
 
@@ -41,42 +36,13 @@ _SHUTDOWN_WAIT_S = 5.0  # a healthy worker's exit after the shutdown call
 _LAST_WORDS_S = 0.2  # how long a worker's error may trail its exit on the reply socket
 
 
-class WorkerFailedError(RuntimeError):
-    """A worker process died or its call raised: the engine cannot go on."""
-
-
-@dataclass
-class ExecutorStepStats:
-    """Cumulative timings of `execute_model` calls that computed tokens: the executor's wall time, the output
-    rank's own time in the call, and the part of that spent in collectives and stage transfers."""
-
-    steps: int = 0
-    wall_s: float = 0.0
-    worker_s: float = 0.0
-    comm_s: float = 0.0
-
-    @property
-    def round_trip_s(self) -> float:
-        """Broadcast, decode, reply: what the executor adds around the workers' compute."""
-        return self.wall_s - self.worker_s
-
-
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(DistributedExecutor):
     """A worker process per rank (`tensor_parallel_size x pipeline_parallel_size`), started as
     `python -m vx.executor.worker_main`; broadcast calls, answers from the output rank."""
 
     def __init__(self, config: VxConfig) -> None:
         super().__init__(config)
-        pc = config.parallel_config
-        self.world_size = pc.world_size
-        self.output_rank = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
-        self.stats = ExecutorStepStats()
         self.workers: list[WorkerProcess] = []
-        self._failed: str | None = None
-        self._closed = False
-        self._seq = 0
-        self._decoder = StepDecoder()
-        self._reply_decoder = msgspec.msgpack.Decoder(WorkerReply)
         self._dir = tempfile.mkdtemp(prefix="vx-workers-")
         self._ctx = zmq.Context()
         self._calls = self._ctx.socket(zmq.XPUB)
@@ -106,42 +72,11 @@ class MultiprocExecutor(Executor):
         logger.info("vx: %d worker processes ready (pids %s)", self.world_size, [w.pid for w in self.workers])
 
     # ------------------------------------------------------------------------------------------ the calls
-    def determine_kv_cache_size(self) -> KVCacheSize:
-        """The smallest rank's size: every rank allocates the same number of blocks. With several pipeline stages
-        every rank sizes its groups from the whole model's layer windows (each stage holds only its own)."""
-        pc = self.config.parallel_config
-        windows: list[int | None] | None = None
-        if pc.pipeline_parallel_size > 1:
-            per_rank = self._call_all("layer_windows")
-            windows = [w for stage in range(pc.pipeline_parallel_size)
-                       for w in msgspec.msgpack.decode(per_rank[stage * pc.tensor_parallel_size])]
-        sizes = [msgspec.msgpack.decode(payload, type=KVCacheSize)
-                 for payload in self._call_all("determine_kv_cache_size", encode(windows)).values()]
-        return min(sizes, key=lambda size: size.num_blocks)
-
-    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
-        self._call_all("initialize_kv_cache", encode(InitKVCache(num_blocks, tuple(groups))))
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        t0 = time.perf_counter()
-        seq = self._broadcast("execute_model", encode_step(scheduler_output))
-        header, payload = self._collect(seq, {self.output_rank})[self.output_rank]
-        output = self._decoder.model_runner_output(payload)
-        if scheduler_output.total_num_scheduled_tokens:
-            self.stats.steps += 1
-            self.stats.wall_s += time.perf_counter() - t0
-            self.stats.worker_s += header.compute_s
-            self.stats.comm_s += header.comm_s
-        return output
-
-    def _call_all(self, method: str, payload: bytes = b"") -> dict[int, bytes]:
-        """Call `method` on every worker; rank -> its reply's payload."""
-        seq = self._broadcast(method, payload)
-        return {rank: body for rank, (_, body) in self._collect(seq, set(range(self.world_size))).items()}
+    def _call(self, method: str, payload: bytes, ranks: set[int]) -> dict[int, tuple[WorkerReply, bytes]]:
+        return self._collect(self._broadcast(method, payload), ranks)
 
     def _broadcast(self, method: str, payload: bytes) -> int:
-        if self._failed is not None:
-            raise WorkerFailedError(f"the workers failed earlier: {self._failed}")
+        self._check_alive()
         self._seq += 1
         self._calls.send_multipart([encode(WorkerCall(seq=self._seq, method=method)), payload], copy=False)
         return self._seq
@@ -222,9 +157,6 @@ class MultiprocExecutor(Executor):
                            f"rank {header.rank} failed: {header.error}")
         self._fail(f"worker rank {header.rank} failed: {header.error}")
 
-    def _fail(self, reason: str) -> None:
-        self._failed = reason
-        raise WorkerFailedError(reason)
 
     # ------------------------------------------------------------------------------------------ the end
     def shutdown(self) -> None:

@@ -12,18 +12,11 @@ engine at once. Actors are owned by the engine: if its process dies, Ray ends th
 from __future__ import annotations
 
 import logging
-import time
 
-import msgspec
-
-from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig, encode_config
-from vx.executor.abstract import Executor
-from vx.executor.multiproc import ExecutorStepStats, WorkerFailedError
+from vx.executor.distributed_executor import DistributedExecutor
 from vx.executor.ray_worker import RayWorker
-from vx.executor.worker_protocol import STARTUP_SEQ, InitKVCache, WorkerReply, encode
-from vx.step import ModelRunnerOutput, SchedulerOutput, StepDecoder, encode_step
+from vx.executor.worker_protocol import WorkerReply
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +24,7 @@ _PLACEMENT_TIMEOUT_S = 120.0  # a cluster without the resources for every rank n
 _LAST_WORDS_S = 0.2  # how long an actor's death may trail the error it causes in another rank
 
 
-class RayExecutor(Executor):
+class RayExecutor(DistributedExecutor):
     """A Ray actor per rank (`tensor_parallel_size x pipeline_parallel_size`); calls to all, answers from the
     output rank."""
 
@@ -41,19 +34,10 @@ class RayExecutor(Executor):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        pc = config.parallel_config
-        self.world_size = pc.world_size
-        self.output_rank = (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
-        self.stats = ExecutorStepStats()
         self.actors: list = []
         self.actor_pids: list[int] = []
         self._pg = None
         self._pending: dict = {}  # ref -> rank: calls whose answers nobody waits for (yet)
-        self._failed: str | None = None
-        self._closed = False
-        self._seq = 0
-        self._decoder = StepDecoder()
-        self._reply_decoder = msgspec.msgpack.Decoder(WorkerReply)
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
             ray.init(include_dashboard=False, logging_level=logging.WARNING)
@@ -85,40 +69,9 @@ class RayExecutor(Executor):
         logger.info("vx: %d Ray workers ready (pids %s)", self.world_size, self.actor_pids)
 
     # ------------------------------------------------------------------------------------------ the calls
-    def determine_kv_cache_size(self) -> KVCacheSize:
-        """The smallest rank's size (as `MultiprocExecutor`'s)."""
-        pc = self.config.parallel_config
-        windows: list[int | None] | None = None
-        if pc.pipeline_parallel_size > 1:
-            per_rank = self._call_all("layer_windows")
-            windows = [w for stage in range(pc.pipeline_parallel_size)
-                       for w in msgspec.msgpack.decode(per_rank[stage * pc.tensor_parallel_size])]
-        sizes = [msgspec.msgpack.decode(payload, type=KVCacheSize)
-                 for payload in self._call_all("determine_kv_cache_size", encode(windows)).values()]
-        return min(sizes, key=lambda size: size.num_blocks)
-
-    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
-        self._call_all("initialize_kv_cache", encode(InitKVCache(num_blocks, tuple(groups))))
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        t0 = time.perf_counter()
-        header, payload = self._call("execute_model", encode_step(scheduler_output), {self.output_rank})[
-            self.output_rank]
-        output = self._decoder.model_runner_output(payload)
-        if scheduler_output.total_num_scheduled_tokens:
-            self.stats.steps += 1
-            self.stats.wall_s += time.perf_counter() - t0
-            self.stats.worker_s += header.compute_s
-            self.stats.comm_s += header.comm_s
-        return output
-
-    def _call_all(self, method: str, payload: bytes = b"") -> dict[int, bytes]:
-        return {rank: body for rank, (_, body) in self._call(method, payload, set(range(self.world_size))).items()}
-
     def _call(self, method: str, payload: bytes, ranks: set[int]) -> dict[int, tuple[WorkerReply, bytes]]:
         """Call `method` on every actor; the answers of `ranks` (the others' calls are watched from here on)."""
-        if self._failed is not None:
-            raise WorkerFailedError(f"the workers failed earlier: {self._failed}")
+        self._check_alive()
         self._seq += 1
         refs = {actor.call.remote(self._seq, method, payload): rank for rank, actor in enumerate(self.actors)}
         return self._collect(refs, ranks)
@@ -160,14 +113,10 @@ class RayExecutor(Executor):
                 try:
                     ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - the death that came first
-                    first_line = (header.error or "").splitlines()[0]
                     self._fail(f"Ray worker rank {others[ref]} failed: {type(e).__name__}: {e}; then worker rank "
-                               f"{header.rank} failed: {first_line}")
+                               f"{header.rank} failed: {header.error}")
         self._fail(f"worker rank {header.rank} failed: {header.error}")
 
-    def _fail(self, reason: str) -> None:
-        self._failed = reason
-        raise WorkerFailedError(reason)
 
     # ------------------------------------------------------------------------------------------ the end
     def shutdown(self) -> None:

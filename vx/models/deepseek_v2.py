@@ -40,7 +40,7 @@ from vx.models.layers.norm import RMSNorm
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope, get_rope_config
 from vx.models.layers.vocab_embedding import VocabParallelEmbedding
-from vx.models.llama import LlamaMLP
+from vx.models.llama import LlamaMLP, PreNormDecoderLayer
 
 # A checkpoint's routed-expert weight: (layer prefix, expert id, projection).
 _EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -163,8 +163,8 @@ class DeepseekV2MoE(nn.Module):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
-class DeepseekV2DecoderLayer(nn.Module):
-    """Pre-norm decoder layer; the residual add is fused into the next norm."""
+class DeepseekV2DecoderLayer(PreNormDecoderLayer):
+    """Pre-norm decoder layer: MLA attention, then the experts (or a dense MLP in the first layers)."""
 
     def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, prefix: str,
                  quant_config: QuantizationConfig | None = None) -> None:
@@ -177,18 +177,6 @@ class DeepseekV2DecoderLayer(nn.Module):
                                         prefix=f"{prefix}.mlp"))
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
-                sin: torch.Tensor, attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (mlp output, residual); the caller adds them (in the next layer's or the final norm)."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(hidden_states, cos, sin, attn_metadata)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
 
 
 class DeepseekV2Model(nn.Module):

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from vx.distributed import GroupCoordinator
 
 
-
 def _sliding_window(config: Any, layer_idx: int) -> int | None:
     """The layer's window, or None; `layer_types` (Qwen2/3) can leave some layers at full attention."""
     window = getattr(config, "sliding_window", None)
@@ -105,20 +104,9 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v, attn_metadata))
 
 
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm decoder layer; the residual add is fused into the next norm."""
-
-    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "", mlp: nn.Module | None = None,
-                 tp_group: GroupCoordinator | None = None) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn",
-                                        tp_group)
-        self.mlp = mlp if mlp is not None else LlamaMLP(
-            config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), quant_config,
-            f"{prefix}.mlp", tp_group)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+class PreNormDecoderLayer(nn.Module):
+    """A pre-norm decoder layer's forward over its `input_layernorm`, `self_attn`, `post_attention_layernorm` and
+    `mlp` (each family builds its own); the residual add is fused into the next norm."""
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,6 +119,22 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states = self.self_attn(hidden_states, cos, sin, attn_metadata)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
+
+
+class LlamaDecoderLayer(PreNormDecoderLayer):
+    """Pre-norm decoder layer of the Llama family."""
+
+    def __init__(self, config: Any, layer_idx: int, rotary_emb: RotaryEmbedding,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "", mlp: nn.Module | None = None,
+                 tp_group: GroupCoordinator | None = None) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, rotary_emb, quant_config, f"{prefix}.self_attn",
+                                        tp_group)
+        self.mlp = mlp if mlp is not None else LlamaMLP(
+            config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)), quant_config,
+            f"{prefix}.mlp", tp_group)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
 class LlamaModel(nn.Module):
