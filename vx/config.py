@@ -18,7 +18,8 @@ import msgspec
 from vx import platform
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
-from vx.hf_config import HFConfig, ResolvedHFConfig, config_fields, resolve_hf_config
+from vx.hf_config import (HFConfig, ResolvedHFConfig, config_fields, hf_head_dim, hf_is_mla, hf_kv_cache_dims,
+                          hf_num_kv_heads, resolve_hf_config)
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 from vx.quantization_split import check_quantized_split
 
@@ -68,33 +69,6 @@ class ModelConfig(msgspec.Struct, kw_only=True):
     def is_mla(self) -> bool:
         """Whether the model's attention is Multi-head Latent Attention (DeepSeek-V2): see `hf_kv_cache_dims`."""
         return hf_is_mla(self.hf_config)
-
-
-def hf_num_kv_heads(hf_config: Any) -> int:
-    """Key/value heads of a Hugging Face config: num_key_value_heads, else num_attention_heads (no GQA)."""
-    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
-
-
-def hf_is_mla(hf_config: Any) -> bool:
-    """Whether a Hugging Face config describes Multi-head Latent Attention (it sets `kv_lora_rank`)."""
-    return getattr(hf_config, "kv_lora_rank", None) is not None
-
-
-def hf_kv_cache_dims(hf_config: Any) -> tuple[int, int]:
-    """(heads, row width) of one token's KV-cache entry per layer.
-
-    Most models cache num_kv_heads keys and values of head_dim each; MLA caches one latent row per token, the
-    compressed kv (kv_lora_rank) followed by the shared rotary key part (qk_rope_head_dim), and no separate value.
-    """
-    if hf_is_mla(hf_config):
-        return 1, int(hf_config.kv_lora_rank) + int(hf_config.qk_rope_head_dim)
-    return hf_num_kv_heads(hf_config), hf_head_dim(hf_config)
-
-
-def hf_head_dim(hf_config: Any) -> int:
-    """Width of one attention head: the config's head_dim where it sets one (Qwen3), else hidden / heads."""
-    hd = getattr(hf_config, "head_dim", None)
-    return int(hd) if hd else int(hf_config.hidden_size // hf_config.num_attention_heads)
 
 
 class CacheConfig(msgspec.Struct, kw_only=True):

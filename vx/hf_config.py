@@ -40,6 +40,33 @@ class ResolvedHFConfig(HFConfig):
     to the engine): it crosses on (to worker processes) as it is, never resolved again."""
 
 
+def hf_num_kv_heads(hf_config: Any) -> int:
+    """Key/value heads of a Hugging Face config: num_key_value_heads, else num_attention_heads (no GQA)."""
+    return int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
+
+
+def hf_is_mla(hf_config: Any) -> bool:
+    """Whether a Hugging Face config describes Multi-head Latent Attention (it sets `kv_lora_rank`)."""
+    return getattr(hf_config, "kv_lora_rank", None) is not None
+
+
+def hf_kv_cache_dims(hf_config: Any) -> tuple[int, int]:
+    """(heads, row width) of one token's KV-cache entry per layer.
+
+    Most models cache num_kv_heads keys and values of head_dim each; MLA caches one latent row per token, the
+    compressed kv (kv_lora_rank) followed by the shared rotary key part (qk_rope_head_dim), and no separate value.
+    """
+    if hf_is_mla(hf_config):
+        return 1, int(hf_config.kv_lora_rank) + int(hf_config.qk_rope_head_dim)
+    return hf_num_kv_heads(hf_config), hf_head_dim(hf_config)
+
+
+def hf_head_dim(hf_config: Any) -> int:
+    """Width of one attention head: the config's head_dim where it sets one (Qwen3), else hidden / heads."""
+    hd = getattr(hf_config, "head_dim", None)
+    return int(hd) if hd else int(hf_config.hidden_size // hf_config.num_attention_heads)
+
+
 def config_fields(config: Any) -> dict[str, Any]:
     """A transformers config's fields (`to_dict()`) with its attribute aliases as fields too (`attribute_map`:
     Qwen3-MoE's `num_experts` is stored as `num_local_experts`), so that a plain `HFConfig` of them answers every name
