@@ -12,7 +12,6 @@ import collections
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -25,6 +24,7 @@ from vx.client.engine_child import EngineChild
 from vx.config import VxConfig, encode_config
 from vx.core.protocol import EngineCoreOutputs, EngineCoreReady, EngineCoreRequestType, OutputDecoder, encode_input
 from vx.errors import EngineDeadError
+from vx.module_process import describe_exit
 
 logger = logging.getLogger(__name__)
 
@@ -199,12 +199,7 @@ class EngineProcess:
         code = self.proc.exitcode
         if code is None:
             return "the engine process stopped responding"
-        if code < 0:
-            try:
-                return f"the engine process was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"the engine process was killed by signal {-code}"
-        return f"the engine process exited with code {code}"
+        return f"the engine process {describe_exit(code)}"
 
     # -------------------------------------------------------------------------------------------- shutdown
     def close(self, timeout: float = _SHUTDOWN_TIMEOUT_S) -> None:
