@@ -118,3 +118,29 @@ def _child_env() -> dict[str, str]:
     if vx_root not in site_dirs:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (vx_root, env.get("PYTHONPATH")) if p)
     return env
+
+
+# How often the watchdog checks that the parent is still the parent, should the stdin pipe stay open after the
+# parent died (a process the parent forked without exec holds a copy of its end).
+_PARENT_POLL_S = 1.0
+
+
+def watch_parent(fd: int, name: str, before_exit: Callable[[], None] | None = None) -> None:
+    """In the child: exit when the parent dies, even by SIGKILL. A daemon thread `name` waits for end-of-file on `fd`
+    (the parent's stdin pipe) and checks once a second that the parent is still the parent; then runs
+    `before_exit` (what nobody else is left to clean up) and exits at once."""
+    import select
+    import threading
+
+    parent_pid = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            readable, _, _ = select.select([fd], [], [], _PARENT_POLL_S)
+            if readable and not os.read(fd, 4096):
+                break
+        if before_exit is not None:
+            before_exit()
+        os._exit(1)
+
+    threading.Thread(target=watch, name=name, daemon=True).start()

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import shutil
 import signal
 import sys
-import threading
 
 # Ctrl-C belongs to the application (the whole foreground process group gets it), which shuts the engine down.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -25,12 +23,9 @@ from vx import platform  # noqa: E402
 from vx.config import decode_config  # noqa: E402
 from vx.core.engine_core import OUTPUT_LINGER_MS, EngineCore, EngineCoreProc, describe_exception  # noqa: E402
 from vx.core.protocol import EngineCoreReady, encode_output, read_startup  # noqa: E402
+from vx.module_process import watch_parent  # noqa: E402
 
 logger = logging.getLogger("vx.core.engine_main")  # `__name__` is "__main__" here
-
-# How often the parent watchdog checks that the client is still its parent, should the stdin pipe stay open
-# after the client died (a process the client forked without exec holds a copy of its end).
-_PARENT_POLL_S = 1.0
 
 
 def main() -> None:
@@ -41,24 +36,9 @@ def main() -> None:
     # The application's import path (as multiprocessing's spawn gave it): a backend named `package.module:Class`
     # imports from the same place as in the application.
     sys.path[:] = startup.sys_path
-    watch_parent(stdin.fileno(), startup.ipc_dir)
+    # When the client dies, nobody else is left to remove the ipc directory.
+    watch_parent(stdin.fileno(), "vx-parent-watchdog", lambda: shutil.rmtree(startup.ipc_dir, ignore_errors=True))
     run_engine_core_proc(startup.config, startup.input_addr, startup.output_addr)
-
-
-def watch_parent(fd: int, ipc_dir: str) -> None:
-    """Exit when the client process dies, even by SIGKILL: a daemon thread waits for end-of-file on `fd` (the
-    client's pipe), and checks once a second that the client is still the parent."""
-    parent_pid = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            readable, _, _ = select.select([fd], [], [], _PARENT_POLL_S)
-            if readable and not os.read(fd, 4096):
-                break
-        shutil.rmtree(ipc_dir, ignore_errors=True)  # nobody else is left to remove it
-        os._exit(1)
-
-    threading.Thread(target=watch, name="vx-parent-watchdog", daemon=True).start()
 
 
 def run_engine_core_proc(config_bytes: bytes, input_addr: str, output_addr: str) -> None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import signal
 import sys
-import threading
 
 # Ctrl-C belongs to the application, which shuts the engine (and so the workers) down.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -25,10 +23,9 @@ import zmq  # noqa: E402
 
 from vx import platform  # noqa: E402
 from vx.executor.worker_protocol import STARTUP_SEQ, WorkerCall, WorkerReply, encode, read_startup  # noqa: E402
+from vx.module_process import watch_parent  # noqa: E402
 
 logger = logging.getLogger("vx.executor.worker_main")  # `__name__` is "__main__" here
-
-_PARENT_POLL_S = 1.0  # how often the watchdog checks that the engine is still the parent
 
 
 def main() -> None:
@@ -37,7 +34,7 @@ def main() -> None:
     startup = read_startup(stdin)
     os.set_inheritable(startup.sentinel_fd, False)  # held by this process alone, so its exit closes it
     sys.path[:] = startup.sys_path
-    watch_parent(stdin.fileno())
+    watch_parent(stdin.fileno(), "vx-worker-parent-watchdog")
     platform.prefer_passive_openmp_wait()  # before torch is imported
     ctx = zmq.Context()
     calls = ctx.socket(zmq.SUB)
@@ -67,21 +64,6 @@ def main() -> None:
             replies.send_multipart([encode(answer[0]), answer[1]], copy=False)
     host.shutdown()
     _exit(ctx, calls, replies, 0)
-
-
-def watch_parent(fd: int) -> None:
-    """Exit when the engine process dies, even by SIGKILL: a daemon thread waits for end-of-file on `fd` (the
-    engine's pipe), and checks once a second that the engine is still the parent."""
-    parent_pid = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            readable, _, _ = select.select([fd], [], [], _PARENT_POLL_S)
-            if readable and not os.read(fd, 4096):
-                break
-        os._exit(1)
-
-    threading.Thread(target=watch, name="vx-worker-parent-watchdog", daemon=True).start()
 
 
 def _exit(ctx: zmq.Context, calls: zmq.Socket, replies: zmq.Socket, code: int) -> None:
