@@ -9,22 +9,17 @@ CUDA (`gpu` marker): the kernel on DeepSeek-V2-Lite's shape in bf16/fp32, and th
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from tests.support.mla_cases import MLACase, make_mla_case, mla_reference
+from tests.support.triton_interpreter import interpreter_results as run_interpreter, report
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.mla_backend import MLAAttentionBackend, mla_decode_torch
 
-REPO = Path(__file__).resolve().parents[3]
 
 # name: (computed per request, new per request): prefills, a chunk continuing a cached prefix, decodes, and a mix
 # with decodes of different lengths (several length groups).
@@ -129,25 +124,14 @@ def _impl_case() -> float:
 
 
 def _worker() -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
     checks: dict[str, Any] = {name: (lambda n=name: _kernel_case(n)) for name in KERNEL_CASES}
     checks["impl_mixed_step"] = _impl_case
-    results: dict[str, float | str] = {}
-    for name, check in checks.items():
-        try:
-            results[name] = check()
-        except Exception:  # report, and keep checking the other cases
-            results[name] = traceback.format_exc(limit=4)
-    print(json.dumps(results))
+    report(checks)
 
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, Any]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tests.gpu.attention.test_mla_backend", "--interpret-worker"],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreter("tests.gpu.attention.test_mla_backend")
 
 
 @pytest.mark.parametrize("name", sorted(KERNEL_CASES) + ["impl_mixed_step"])

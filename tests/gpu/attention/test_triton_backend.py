@@ -12,12 +12,7 @@ CUDA (`gpu` marker): the same comparison on realistic shapes in bf16/fp32, and t
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,12 +20,12 @@ import torch
 
 from tests.support.attention_cases import (EXACT_TOL, FLOAT_CACHE_TOL, compare, compare_to_float, make_case,
                                            run_backend)
+from tests.support.triton_interpreter import interpreter_results as run_interpreter, report
 from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.flash_attn_backend import FlashAttnBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.gpu.attention.triton_backend import TritonAttentionBackend
 
-REPO = Path(__file__).resolve().parents[3]
 F32, F16 = torch.float32, torch.float16
 
 # name: (num_computed per request, num_new per request, (heads, kv_heads), head_dim, block_size, window,
@@ -123,7 +118,6 @@ def _decode_graph_metadata() -> float:
 
 
 def _worker() -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
     assert get_attn_backend("triton", "cpu") is TritonAttentionBackend
     results: dict[str, float | list[float] | str] = {}
     checks: dict[str, Any] = {name: (lambda n=name: _run_case(n)) for name in CASES}
@@ -132,22 +126,12 @@ def _worker() -> None:
     checks["bf16_refused"] = _bf16_refused
     checks["fp8_codes"] = _fp8_codes_decode
     checks["decode_graph_metadata"] = _decode_graph_metadata
-    for name, check in checks.items():
-        try:
-            results[name] = check()
-        except Exception:  # report, and keep checking the other cases
-            results[name] = traceback.format_exc(limit=4)
-    print(json.dumps(results))
+    report(checks)
 
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, Any]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tests.gpu.attention.test_triton_backend",
-                           "--interpret-worker"],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreter("tests.gpu.attention.test_triton_backend")
 
 
 @pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused", "fp8_codes", "decode_graph_metadata"])

@@ -10,20 +10,15 @@ graph replay, and the engine's greedy tokens on CUDA equal to the CPU's.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.support.triton_interpreter import interpreter_results as run_interpreter, report
 from vx.models.layers.fused_moe import FusedMoE
 
-REPO = Path(__file__).resolve().parents[3]
 
 # name: (tokens, experts, top_k, hidden, intermediate, idle experts (never routed to), dtype). Hidden 40 and
 # intermediate 48/24 are not tile multiples, so the masks are exercised; a few dozen rows keep the interpreter fast.
@@ -103,26 +98,15 @@ def _no_tokens() -> float:
 
 
 def _worker() -> None:
-    assert os.environ.get("TRITON_INTERPRET") == "1"
     checks: dict[str, Any] = {name: (lambda n=name: _run_case(n)) for name in CASES}
     checks["bf16_refused"] = _bf16_refused
     checks["no_tokens"] = _no_tokens
-    results: dict[str, float | str] = {}
-    for name, check in checks.items():
-        try:
-            results[name] = check()
-        except Exception:  # report, and keep checking the other cases
-            results[name] = traceback.format_exc(limit=4)
-    print(json.dumps(results))
+    report(checks)
 
 
 @pytest.fixture(scope="module")
 def interpreter_results() -> dict[str, Any]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tests.models.layers.test_fused_moe_triton", "--interpret-worker"],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreter("tests.models.layers.test_fused_moe_triton")
 
 
 @pytest.mark.parametrize("name", sorted(CASES) + ["bf16_refused", "no_tokens"])
