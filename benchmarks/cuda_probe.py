@@ -207,21 +207,14 @@ def main(argv: list[str] | None = None) -> int:
 
     probe.case("embeddings", embeddings)
 
-    def fp8_cache() -> str:
+    def agreement_with_float32(**engine_args: Any) -> str:
         base = _vx_greedy(model, device)
-        got = _vx_greedy(model, device, kv_cache_dtype="fp8_e4m3")
+        got = _vx_greedy(model, device, **engine_args)
         agree = sum(a == b for g, w in zip(got, base) for a, b in zip(g, w)) / sum(map(len, base))
         return f"{agree:.0%} of tokens as in float32"
 
-    probe.case("fp8_e4m3 KV cache", fp8_cache)
-
-    def bf16() -> str:
-        base = _vx_greedy(model, device)
-        got = _vx_greedy(model, device, dtype="bfloat16")
-        agree = sum(a == b for g, w in zip(got, base) for a, b in zip(g, w)) / sum(map(len, base))
-        return f"{agree:.0%} of tokens as in float32"
-
-    probe.case("bfloat16", bf16)
+    probe.case("fp8_e4m3 KV cache", lambda: agreement_with_float32(kv_cache_dtype="fp8_e4m3"))
+    probe.case("bfloat16", lambda: agreement_with_float32(dtype="bfloat16"))
 
     def async_stream() -> str:
         async def run() -> str:
