@@ -27,18 +27,9 @@ from typing import Any, Callable
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests.support.tiny_models import greedy_prompts  # noqa: E402 - after the repository root is on the path
+
 MAX_NEW = 24
-
-
-def _prompts(vocab: int = 400) -> list[list[int]]:
-    import random
-
-    rng = random.Random(1234)
-    shared = [rng.randrange(1, vocab) for _ in range(45)]
-    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in (1, 3, 9, 17, 33, 60)]
-    prompts += [shared + [rng.randrange(1, vocab) for _ in range(k)] for k in (2, 7, 16)]
-    prompts.append(list(shared))
-    return prompts
 
 
 def _hf_greedy(model_dir: str, device: str) -> list[list[int]]:
@@ -50,7 +41,7 @@ def _hf_greedy(model_dir: str, device: str) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                  attn_implementation="eager").to(device).eval()
     outs = []
-    for p in _prompts():
+    for p in greedy_prompts():
         with torch.no_grad():
             gen = model.generate(torch.tensor([p], device=device), max_new_tokens=MAX_NEW, do_sample=False,
                                  attention_mask=torch.ones(1, len(p), dtype=torch.long, device=device))
@@ -63,7 +54,8 @@ def _vx_greedy(model_dir: str, device: str, **engine_args: Any) -> list[list[int
 
     llm = vx.LLM(model_dir, device=device, **{"dtype": "float32", **engine_args})
     try:
-        outs = llm.generate(_prompts(), vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)
+        params = vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+        outs = llm.generate(greedy_prompts(), params, use_tqdm=False)
         stats = llm.stats()
         assert stats.kv_blocks_in_use == 0, f"{stats.kv_blocks_in_use} KV blocks still held after the batch"
         return [list(o.outputs[0].token_ids) for o in outs]
@@ -173,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 params = [vx.SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=7 + i, max_tokens=MAX_NEW,
                                             logprobs=3) for i in range(6)]
-                res = llm.generate(_prompts()[:6], params, use_tqdm=False)
+                res = llm.generate(greedy_prompts()[:6], params, use_tqdm=False)
                 outs.append([list(r.outputs[0].token_ids) for r in res])
                 assert all(len(r.outputs[0].logprobs) == len(r.outputs[0].token_ids) for r in res)
             finally:
@@ -186,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     def prompt_logprobs() -> str:
         llm = vx.LLM(model, device=device, dtype="float32", max_num_batched_tokens=16)
         try:
-            res = llm.generate([_prompts()[5]], vx.SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+            res = llm.generate([greedy_prompts()[5]], vx.SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
         finally:
             llm.shutdown()
         lps = res[0].prompt_logprobs
-        assert lps is not None and len(lps) == len(_prompts()[5]), "one entry per prompt token"
+        assert lps is not None and len(lps) == len(greedy_prompts()[5]), "one entry per prompt token"
         return f"{len(lps)} positions"
 
     probe.case("prompt logprobs under a 16-token budget", prompt_logprobs)

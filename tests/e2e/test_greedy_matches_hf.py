@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from tests.support.tiny_models import ENGINE_FAMILIES as FAMILIES
+from tests.support.tiny_models import greedy_prompts
 
 import vx
 
 MAX_NEW = 24
-
-
-def _prompts(vocab: int = 400) -> list[list[int]]:
-    rng = random.Random(1234)
-    shared = [rng.randrange(1, vocab) for _ in range(45)]
-    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in (1, 3, 9, 17, 33, 60)]
-    prompts += [shared + [rng.randrange(1, vocab) for _ in range(k)] for k in (2, 7, 16)]
-    prompts.append(list(shared))
-    return prompts
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +20,7 @@ def hf_reference(tiny_model_dirs) -> dict[str, list[list[int]]]:
     for fam in FAMILIES:
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[fam], dtype=torch.float32).eval()
         outs = []
-        for p in _prompts():
+        for p in greedy_prompts():
             with torch.no_grad():
                 gen = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
                                      attention_mask=torch.ones(1, len(p), dtype=torch.long))
@@ -42,7 +32,7 @@ def hf_reference(tiny_model_dirs) -> dict[str, list[list[int]]]:
 def _run(model_dir: str, **engine_args) -> tuple[list[list[int]], vx.EngineStats]:
     llm = vx.LLM(model_dir, dtype="float32", device="cpu", **engine_args)
     params = vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
-    outs = llm.generate(_prompts(), params, use_tqdm=False)
+    outs = llm.generate(greedy_prompts(), params, use_tqdm=False)
     stats = llm.stats()
     llm.shutdown()
     return [o.outputs[0].token_ids for o in outs], stats
@@ -76,12 +66,12 @@ def test_greedy_equals_hf(tiny_model_dirs, hf_reference, family, config_name):
 def test_seeded_sampling_survives_preemption(tiny_model_dir):
     """A seeded request samples the same tokens whether or not memory pressure preempted it."""
     params = [vx.SamplingParams(temperature=1.0, top_p=0.95, seed=100 + i, max_tokens=MAX_NEW)
-              for i in range(len(_prompts()))]
+              for i in range(len(greedy_prompts()))]
 
     def run(**engine_args):
         llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", block_size=8, max_model_len=96,
                      **engine_args)
-        outs = llm.generate(_prompts(), params, use_tqdm=False)
+        outs = llm.generate(greedy_prompts(), params, use_tqdm=False)
         stats = llm.stats()
         llm.shutdown()
         return [o.outputs[0].token_ids for o in outs], stats
@@ -98,7 +88,7 @@ def test_prompt_logprobs_equal_hf(tiny_model_dirs, family):
     chunked prefill (16-token chunks) and prompts that share a cached prefix."""
     from transformers import AutoModelForCausalLM
 
-    prompts = _prompts()[3:]  # 17 to 61 tokens: across the chunks, the sliding windows and the shared prefix
+    prompts = greedy_prompts()[3:]  # 17 to 61 tokens: across the chunks, the sliding windows and the shared prefix
     llm = vx.LLM(tiny_model_dirs[family], dtype="float32", device="cpu", max_num_batched_tokens=16)
     try:
         outs = llm.generate(prompts, vx.SamplingParams(max_tokens=1, prompt_logprobs=3), use_tqdm=False)

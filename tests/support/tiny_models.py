@@ -137,3 +137,17 @@ def make_tiny_model(family: str, dirpath: str | os.PathLike, seed: int = 0, retu
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     return (path, model) if return_hf else path
+
+
+def greedy_prompts(vocab: int = 400) -> list[list[int]]:
+    """The prompts greedy decoding is compared on (against Hugging Face, on another device): 10 seeded ones of mixed
+    lengths (1 to 61 tokens), four of them sharing a 45-token prefix, so that prefix caching, windows and chunks
+    are crossed."""
+    import random
+
+    rng = random.Random(1234)
+    shared = [rng.randrange(1, vocab) for _ in range(45)]
+    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in (1, 3, 9, 17, 33, 60)]
+    prompts += [shared + [rng.randrange(1, vocab) for _ in range(k)] for k in (2, 7, 16)]
+    prompts.append(list(shared))
+    return prompts
