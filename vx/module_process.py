@@ -18,7 +18,7 @@ import signal
 import site
 import subprocess
 import sys
-from typing import Callable
+from typing import BinaryIO, Callable
 
 
 class ModuleProcess:
@@ -144,3 +144,24 @@ def watch_parent(fd: int, name: str, before_exit: Callable[[], None] | None = No
         os._exit(1)
 
     threading.Thread(target=watch, name=name, daemon=True).start()
+
+
+def frame_startup(body: bytes) -> bytes:
+    """A startup message as it goes on a child's stdin: an 8-byte big-endian length, then the (msgpack) body."""
+    return len(body).to_bytes(8, "big") + body
+
+
+def read_startup_body(stream: BinaryIO, what: str) -> bytes:
+    """The body of exactly one `frame_startup` message from `stream` (the pipe stays open after it); EOFError naming
+    `what` ("the engine's stdin") if the parent closed it first."""
+
+    def read_exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = stream.read(n - len(data))
+            if not chunk:
+                raise EOFError(f"{what} was closed before its startup message was complete")
+            data += chunk
+        return data
+
+    return read_exactly(int.from_bytes(read_exactly(8), "big"))

@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from vx.errors import EngineGenerateError, EngineOverloadedError, InvalidRequestError
+from vx.module_process import frame_startup, read_startup_body
 from vx.pooling_params import PoolingParams
 from vx.sampling_params import SamplingParams, check_token_ids
 from vx.step import TokenLogprobs
@@ -181,24 +182,13 @@ def encode_input(request_type: EngineCoreRequestType, payload: Any = None) -> li
 
 
 def encode_startup(startup: EngineStartup) -> bytes:
-    """The startup message as it goes on the engine's stdin: an 8-byte big-endian length, then msgpack."""
-    body = _ENCODER.encode(startup)
-    return len(body).to_bytes(8, "big") + body
+    """The startup message as it goes on the engine's stdin (vx.module_process.frame_startup)."""
+    return frame_startup(_ENCODER.encode(startup))
 
 
 def read_startup(stream: BinaryIO) -> EngineStartup:
     """Read exactly one `encode_startup` message from `stream` (the pipe stays open after it)."""
-
-    def read_exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = stream.read(n - len(data))
-            if not chunk:
-                raise EOFError("the client closed the engine's stdin before its startup message was complete")
-            data += chunk
-        return data
-
-    return msgspec.msgpack.decode(read_exactly(int.from_bytes(read_exactly(8), "big")), type=EngineStartup)
+    return msgspec.msgpack.decode(read_startup_body(stream, "the engine's stdin"), type=EngineStartup)
 
 
 def encode_output(msg: "EngineCoreOutputs | EngineCoreReady") -> bytes:

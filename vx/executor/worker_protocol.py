@@ -14,6 +14,7 @@ from typing import BinaryIO
 import msgspec
 
 from vx.cache.block_table_group import KVCacheGroupSpec
+from vx.module_process import frame_startup, read_startup_body
 
 
 class WorkerStartup(msgspec.Struct, array_like=True, kw_only=True):
@@ -66,21 +67,10 @@ def encode(obj: object) -> bytes:
 
 
 def encode_startup(startup: WorkerStartup) -> bytes:
-    """The startup message as it goes on the worker's stdin: an 8-byte big-endian length, then msgpack."""
-    body = _ENCODER.encode(startup)
-    return len(body).to_bytes(8, "big") + body
+    """The startup message as it goes on the worker's stdin (vx.module_process.frame_startup)."""
+    return frame_startup(_ENCODER.encode(startup))
 
 
 def read_startup(stream: BinaryIO) -> WorkerStartup:
     """Read exactly one `encode_startup` message from `stream` (the pipe stays open after it)."""
-
-    def read_exactly(n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = stream.read(n - len(data))
-            if not chunk:
-                raise EOFError("the engine closed the worker's stdin before its startup message was complete")
-            data += chunk
-        return data
-
-    return msgspec.msgpack.decode(read_exactly(int.from_bytes(read_exactly(8), "big")), type=WorkerStartup)
+    return msgspec.msgpack.decode(read_startup_body(stream, "the worker's stdin"), type=WorkerStartup)
