@@ -87,9 +87,9 @@ def timed_run(generate: Callable[[list[list[int]], int], list[int]], spec: dict[
 
 def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
     """vx.LLM with its defaults (only the threads pinned, as for every engine); one `generate` call."""
-    from vx.platform import prefer_passive_openmp_wait
+    from vx.platform import prefer_openmp_wait_policy
 
-    prefer_passive_openmp_wait()  # what a vx application's process gets: set before torch loads
+    prefer_openmp_wait_policy()  # what a vx application's process gets: set before torch loads
     set_threads(spec["threads"])
     import vx
 

@@ -171,7 +171,7 @@ def profile_steps(engine: Any) -> str:
     with profile() as prof:
         for _ in range(3):
             engine.step()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,9 +64,9 @@ def measure_engine(timed: TokenClock, spec: dict[str, Any]) -> dict[str, Any]:
 
 def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
     """vx.LLM with the engine in this process; tokens timed as each engine step hands them out."""
-    from vx.platform import prefer_passive_openmp_wait
+    from vx.platform import prefer_openmp_wait_policy
 
-    prefer_passive_openmp_wait()  # what a vx application's process gets: set before torch loads
+    prefer_openmp_wait_policy()  # what a vx application's process gets: set before torch loads
     set_threads(spec["threads"])
     import vx
 

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # As the engine and worker processes do, before torch loads here (the `uni` engine runs in this process):
     # spinning OpenMP threads stall as soon as another process wants a core.
-    platform.prefer_passive_openmp_wait()
+    platform.prefer_openmp_wait_policy()
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     unknown = [x for x in layouts if x not in LAYOUTS]
     if unknown:

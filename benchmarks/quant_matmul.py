@@ -337,9 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch (and kernel) threads (default: torch's)")
     args = ap.parse_args(argv)
-    from vx.platform import prefer_passive_openmp_wait
+    from vx.platform import prefer_openmp_wait_policy
 
-    prefer_passive_openmp_wait()  # as in vx's engine process (no effect once torch is loaded)
+    prefer_openmp_wait_policy()  # as in vx's engine process (no effect once torch is loaded)
     set_threads(args.threads)
     shapes = [s for name in args.shapes.split(",") if name.strip()
               for s in SHAPE_SETS.get(name.strip(), [name.strip()])]

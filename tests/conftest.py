@@ -8,7 +8,8 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Before anything imports torch (the tiny models below do): OpenMP threads that spin while they wait stall as soon
-# as another process wants a core, which on a shared 2-core machine made in-process generation ~10x slower.
+# as another process wants a core, which on a shared 2-core machine made in-process generation ~10x slower. The suite
+# runs many processes at once, so it keeps them sleeping at once (no GOMP_SPINCOUNT: vx's bounded spin stays off).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Every engine the suite starts would otherwise compile its decode graph in the background (tens of seconds of CPU
 # each): the compiled path has its own tests (tests/gpu/test_decode_graphs.py), which turn it back on.

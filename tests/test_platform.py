@@ -41,15 +41,22 @@ def test_no_visible_device_means_cpu_without_torch(monkeypatch):
     assert out.split() == ["cpu", "False"]
 
 
-def test_passive_openmp_wait_only_before_torch(monkeypatch):
+def test_bounded_openmp_spin_only_before_torch_and_only_unless_the_user_chose(monkeypatch):
+    """Threads spin ~1 ms, then sleep (PASSIVE with a spin count); set in a process before torch loads, never over
+    a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    platform.prefer_passive_openmp_wait()  # torch is loaded in this process: too late to matter, left alone
-    assert "OMP_WAIT_POLICY" not in os.environ
-    code = ("import os; from vx import platform; platform.prefer_passive_openmp_wait(); "
-            "print(os.environ['OMP_WAIT_POLICY'])")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.strip() == "PASSIVE"
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    platform.prefer_openmp_wait_policy()  # torch is loaded in this process: too late to matter, left alone
+    assert "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ
+    code = ("import os; from vx import platform; platform.prefer_openmp_wait_policy(); "
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
+    bare = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    for chosen, expected in [({}, f"PASSIVE {platform.OPENMP_SPIN_COUNT}"),
+                             ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE None"),
+                             ({"GOMP_SPINCOUNT": "0"}, "None 0")]:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**bare, **chosen},
+                             check=True).stdout
+        assert out.strip() == expected
 
 
 def test_cpu_flags_are_words():

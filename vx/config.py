@@ -215,7 +215,7 @@ class EngineArgs:
         for a front end that never runs the model and takes the exact limits from the engine's handshake.
         """
         self._check_scalars()
-        platform.prefer_passive_openmp_wait()  # before transformers loads torch
+        platform.prefer_openmp_wait_policy()  # before transformers loads torch
         device = platform.resolve_device(self.device)
         model_path = _resolve_model_path(self.model)
         hf_config = _read_hf_config_json(model_path) if light else _load_hf_config(model_path)

@@ -137,12 +137,24 @@ def _read_first_line(path: str) -> str:
         return ""
 
 
-def prefer_passive_openmp_wait() -> None:
-    """Make OpenMP threads sleep while they wait, unless the user chose; only before torch loads (it reads it once)."""
-    if "torch" not in sys.modules:
-        # OpenMP threads that spin while they wait collapse as soon as anything else wants a core
-        # (another process, vx's own threads): 16 streams on 2 cores took 104 s spinning, 8 s passive.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How long an OpenMP thread spins after a parallel region before it sleeps, in libgomp's spins (~100,000 a ms).
+OPENMP_SPIN_COUNT = 100_000
+
+
+def prefer_openmp_wait_policy() -> None:
+    """Make OpenMP threads spin about a millisecond after each parallel region, then sleep, unless the user chose
+    (OMP_WAIT_POLICY or GOMP_SPINCOUNT set); only before torch loads (libgomp reads them once).
+
+    Threads that spin without bound (ACTIVE) collapse as soon as anything else wants a core (another process,
+    vx's own front end: 16 streams on 2 cores took 104 s spinning, 8 s passive). Threads that sleep at once
+    (PASSIVE alone) cost ~70 µs to wake for every parallel region, hundreds a decode step: the default model's
+    compiled batch-1 step took 17.6 ms so and 10.3 ms with this bounded spin, on an idle 2-core machine
+    (`benchmarks.decode_step`; docs/performance.md, section (h)). Between steps and when the engine is idle the
+    threads sleep as before.
+    """
+    if "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ["GOMP_SPINCOUNT"] = str(OPENMP_SPIN_COUNT)
 
 
 def release_free_heap() -> None:

@@ -4,6 +4,7 @@ eager decode give Hugging Face's greedy tokens."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -191,10 +192,31 @@ def test_shutdown_waits_for_the_compile_in_progress_and_drops_the_queued_ones():
     assert capture.started == [1] and capture.finished == []
     graphs.shutdown(wait=True)
     assert capture.started == capture.finished == [1]
-    assert not graphs._thread.is_alive()
+    assert graphs._compiler.thread is None
     graphs.compile_in_background(8)  # refused once shut down
     time.sleep(0.1)
     assert capture.started == [1]
+
+
+def test_the_compile_thread_ends_when_nothing_is_queued():
+    """A thread that ran torch's parallel ops keeps an OpenMP team while it lives, and more OpenMP threads than
+    cores stop libgomp's spinning for every step after: so the compiler's thread ends once its queue is empty,
+    and a size needed later starts another."""
+    from vx.gpu.decode_graphs import DecodeGraphs
+
+    capture = _SlowBuild(0.05)
+    graphs = DecodeGraphs(torch.nn.Identity(), 8, 4, torch.device("cpu"), capture=capture)
+    for size in (1, 2):
+        graphs.compile_in_background(size)
+    assert graphs.wait(timeout=5)
+    deadline = time.monotonic() + 5
+    while graphs._compiler.thread is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert graphs._compiler.thread is None
+    assert not any(t.name == "vx-decode-compile" for t in threading.enumerate())
+    graphs.compile_in_background(4)
+    assert graphs.wait(timeout=5) and capture.finished == [1, 2, 4]
+    graphs.shutdown(wait=True)
 
 
 def test_invalid_decode_compile_setting_is_refused(tiny_model_dir, monkeypatch):

@@ -17,9 +17,16 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("policy,wake_us", [("PASSIVE", 80.0), ("passive", 80.0), ("ACTIVE", 5.0), (None, 5.0)])
-def test_the_wake_up_cost_follows_the_wait_policy(monkeypatch, policy, wake_us):
+@pytest.mark.parametrize("policy,spins,wake_us", [("PASSIVE", None, 80.0), ("passive", "0", 80.0),
+                                                  ("PASSIVE", "100000", 5.0), ("ACTIVE", None, 5.0),
+                                                  (None, None, 5.0)])
+def test_the_wake_up_cost_follows_the_wait_policy(monkeypatch, policy, spins, wake_us):
+    """Threads that sleep at once cost a call a wake-up; ones that spin a while (vx's default) barely any."""
     threads.wake_cost_us.cache_clear()
+    if spins is None:
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    else:
+        monkeypatch.setenv("GOMP_SPINCOUNT", spins)
     if policy is None:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     else:

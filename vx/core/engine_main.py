@@ -55,7 +55,7 @@ def run_engine_core_proc(config_bytes: bytes, input_addr: str, output_addr: str)
     in_sock.setsockopt(zmq.RCVHWM, 0)
     in_sock.connect(input_addr)
     try:
-        platform.prefer_passive_openmp_wait()  # before decoding the config imports transformers, hence torch
+        platform.prefer_openmp_wait_policy()  # before decoding the config imports transformers, hence torch
         core = EngineCore(decode_config(config_bytes))
     except BaseException as e:  # noqa: BLE001 - report any start-up failure through the handshake
         logger.error("vx engine failed to start: %s", describe_exception(e))

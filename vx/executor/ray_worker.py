@@ -36,7 +36,7 @@ class RayWorker:
         from vx.executor.worker_host import WorkerHost, describe_exception
         from vx.executor.worker_protocol import STARTUP_SEQ
 
-        platform.prefer_passive_openmp_wait()  # before torch is imported
+        platform.prefer_openmp_wait_policy()  # before torch is imported
         try:
             self.host = WorkerHost(config_bytes, rank, local_rank, init_method)
         except BaseException as e:  # noqa: BLE001 - the executor reports it as the engine's start-up failure

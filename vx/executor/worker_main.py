@@ -35,7 +35,7 @@ def main() -> None:
     os.set_inheritable(startup.sentinel_fd, False)  # held by this process alone, so its exit closes it
     sys.path[:] = startup.sys_path
     watch_parent(stdin.fileno(), "vx-worker-parent-watchdog")
-    platform.prefer_passive_openmp_wait()  # before torch is imported
+    platform.prefer_openmp_wait_policy()  # before torch is imported
     ctx = zmq.Context()
     calls = ctx.socket(zmq.SUB)
     calls.setsockopt(zmq.RCVHWM, 0)

@@ -23,12 +23,12 @@ eager work, so every size is captured at start-up, largest first. `enforce_eager
 from __future__ import annotations
 
 import logging
-import queue
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,10 +158,9 @@ class DecodeGraphs:
         self._ready: set[int] = set()
         self._queued: set[int] = set()
         self._failed: dict[int, str] = {}
-        self._queue: queue.Queue[int | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._compiler = _CompilerThread()
+        self._finalizer_set = False
         self.compile_seconds: dict[int, float] = {}
         self.steps_run: dict[int, int] = {}  # size -> decode steps it served
 
@@ -175,18 +174,14 @@ class DecodeGraphs:
 
     def compile_in_background(self, size: int) -> None:
         """Queue `size` for the background compiler (started on first use); returns at once."""
-        if self._stop.is_set():
-            return
         with self._lock:
             if size in self._queued or size in self._ready or size in self._failed:
                 return
             self._queued.add(size)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._compile_loop, name="vx-decode-compile", daemon=True)
-                self._thread.start()
-                # Runs at interpreter exit too, if nobody shut the engine down.
-                weakref.finalize(self, _stop_compiler, self._stop, self._queue, self._thread)
-        self._queue.put(size)
+        if self._compiler.submit(size, self._compile) and not self._finalizer_set:
+            # Runs at interpreter exit too, if nobody shut the engine down.
+            weakref.finalize(self, self._compiler.stop, True)
+            self._finalizer_set = True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every queued size is compiled (or failed); whether that happened within `timeout`."""
@@ -206,19 +201,7 @@ class DecodeGraphs:
         called without an active exception", from the compiler's C++ threads): so the exit itself waits for it
         (a finalizer registered with the thread). An engine process ends with os._exit, which needs no wait.
         """
-        _stop_compiler(self._stop, self._queue, self._thread if wait else None)
-
-    def _compile_loop(self) -> None:
-        while (size := self._queue.get()) is not None and not self._stop.is_set():
-            # While this thread compiles (mostly Python), every torch op of an eager step that releases the GIL
-            # waits up to a whole switch interval (5 ms) to get it back: hundreds a step. A short interval for the
-            # compile's duration keeps the steps being served at their speed.
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(_COMPILE_SWITCH_INTERVAL_S)
-            try:
-                self._compile(size)
-            finally:
-                sys.setswitchinterval(interval)
+        self._compiler.stop(wait)
 
     def _compile(self, size: int) -> None:
         """Compile the graph of `size` by running it once on padding rows only (they touch the null block alone)."""
@@ -276,9 +259,59 @@ class DecodeGraphs:
         return self._capture.run(size, self._args(size))[:n]
 
 
-def _stop_compiler(stop: threading.Event, pending: queue.Queue[int | None], thread: threading.Thread | None) -> None:
-    """Drop the queued sizes and wait for the compile in progress (if any) to end."""
-    stop.set()
-    pending.put(None)
-    if thread is not None and thread is not threading.current_thread():
-        thread.join()
+class _CompilerThread:
+    """The background compiler: a thread that compiles the sizes submitted to it one at a time and ends when none
+    is left (a later submit starts another).
+
+    It ends rather than waiting for more because a thread that has run torch's parallel ops keeps its own OpenMP
+    team while it lives, and with more OpenMP threads than cores libgomp stops spinning between parallel regions:
+    every region of every later step would then pay a sleeping thread's wake-up (~70 µs here; see
+    `vx.platform.prefer_openmp_wait_policy`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: deque[int] = deque()
+        self._compile: Callable[[int], None] | None = None
+        self._stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, size: int, compile_fn: Callable[[int], None]) -> bool:
+        """Queue `size` for `compile_fn`; whether a thread was started for it. Refused once stopped."""
+        with self._lock:
+            if self._stopped.is_set():
+                return False
+            self._pending.append(size)
+            self._compile = compile_fn
+            if self.thread is not None:
+                return False
+            self.thread = threading.Thread(target=self._loop, name="vx-decode-compile", daemon=True)
+            self.thread.start()
+            return True
+
+    def stop(self, wait: bool = False) -> None:
+        """Drop the queued sizes; with `wait`, wait for the compile in progress (if any) to end."""
+        with self._lock:
+            self._stopped.set()
+            self._pending.clear()
+            thread = self.thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
+        # While this thread compiles (mostly Python), every torch op of an eager step that releases the GIL waits up
+        # to a whole switch interval (5 ms) to get it back: hundreds a step. A short interval for the compile's
+        # duration keeps the steps being served at their speed.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(_COMPILE_SWITCH_INTERVAL_S)
+        try:
+            while True:
+                with self._lock:
+                    if self._stopped.is_set() or not self._pending:
+                        self.thread = None
+                        return
+                    size, compile_fn = self._pending.popleft(), self._compile
+                assert compile_fn is not None
+                compile_fn(size)
+        finally:
+            sys.setswitchinterval(interval)
