@@ -3,10 +3,10 @@
 vx lets OpenMP threads spin about a millisecond after a parallel region and then sleep (`OMP_WAIT_POLICY=PASSIVE`
 with `GOMP_SPINCOUNT`, `vx.platform.prefer_openmp_wait_policy`), so that the engine never spins long against the
 application. Within a step the threads are still spinning when the next call comes, and waking them costs a few µs.
-Where they sleep at once (PASSIVE without a spin count, as the test suite runs), waking a sleeping thread costs ~60-80 µs on the 2-core VMs measured here
-(`python -m benchmarks.quant_matmul --threads 1` vs `--threads 2`: a 576x576 int4 matmul at batch 1 took 31 µs on
-one thread and 94 µs on two), so the many small calls of a batch-1 decode step run faster on the calling thread
-alone. A call goes parallel when its estimated single-thread time is worth the wake-up: serial / n + wake < serial.
+Where they sleep at once (PASSIVE without a spin count, as the test suite runs), waking a sleeping thread costs
+~60-80 µs on the 2-core VMs measured here (`python -m benchmarks.quant_matmul --threads 1` vs `--threads 2`: a
+576x576 int4 matmul at batch 1 took 31 µs on one thread and 94 µs on two), so the many small calls of a batch-1
+decode step run faster on the calling thread alone. A call goes parallel when its estimated single-thread time is worth the wake-up: serial / n + wake < serial.
 """
 
 from __future__ import annotations
