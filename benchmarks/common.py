@@ -17,6 +17,7 @@ import math
 import os
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -324,7 +325,9 @@ def run_child(module: str, argv: list[str], threads: int | None = None) -> dict 
         if line.startswith("RESULT "):
             return json.loads(line.removeprefix("RESULT "))
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return "failed: " + " / ".join(tail)
+    if proc.returncode < 0:  # killed by a signal, often with nothing printed (a crash in a native library)
+        tail.append(f"killed by {signal.Signals(-proc.returncode).name}")
+    return "failed: " + " / ".join(tail or [f"exit status {proc.returncode}"])
 
 
 def interleaved_rounds(names: Sequence[str], rounds: int,

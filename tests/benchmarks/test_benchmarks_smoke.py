@@ -272,3 +272,14 @@ def test_parallel(micro_model, capsys):
                           "--output-len", "3", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "| 2x1 " in out and "| 1x2 " in out and "comm share" in out
+
+
+def test_a_child_killed_by_a_signal_says_so(monkeypatch):
+    """A competitor that crashes in native code prints nothing: the table says which signal ended it."""
+    import subprocess
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common.subprocess, "run",
+                        lambda *a, **k: subprocess.CompletedProcess(a, -11, stdout="", stderr=""))
+    assert common.run_child("benchmarks.latency", []) == "failed: killed by SIGSEGV"
