@@ -42,3 +42,19 @@ def test_chat_logprobs_of_masked_tokens_are_the_floor():
     body = json.loads(entry.model_dump_json())
     assert body["logprob"] == -0.1
     assert [t["logprob"] for t in body["top_logprobs"]] == [-0.1, -2.3, LOGPROB_FLOOR, LOGPROB_FLOOR]
+
+
+class _SharedTextTokenizer:
+    """Tokens 5 and 6 decode to the same text (byte-level vocabularies have such pairs)."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join("x" if i in (5, 6) else f"<{i}>" for i in ids)
+
+
+def test_the_chosen_tokens_logprob_is_its_texts_top_entry_when_another_token_shares_the_text():
+    # Token 5 was sampled; token 6, ranked below it, has the same text.
+    position = {5: Logprob(-1.0, 1), 6: Logprob(-1.5, 2), 7: Logprob(-2.0, 3)}
+    out = CompletionLogprobs()
+    append_completion_logprobs(out, _SharedTextTokenizer(), [5], [position], 0)
+    assert out.tokens == ["x"] and out.token_logprobs == [-1.0]
+    assert out.top_logprobs == [{"x": -1.0, "<7>": -2.0}]

@@ -38,8 +38,12 @@ def append_completion_logprobs(out: CompletionLogprobs, tokenizer: Any, token_id
         text = _token_text(tokenizer, tid, chosen)
         out.tokens.append(text)
         out.token_logprobs.append(_json_logprob(chosen.logprob) if chosen is not None else None)
-        out.top_logprobs.append({_token_text(tokenizer, t, lp): _json_logprob(lp.logprob) for t, lp in _by_rank(pos)}
-                                if pos else None)
+        top = {_token_text(tokenizer, t, lp): _json_logprob(lp.logprob) for t, lp in _by_rank(pos)} if pos else None
+        if top is not None and chosen is not None:
+            # Two tokens can share a text (a dict keyed by text keeps one): the chosen token's own entry wins, so
+            # that top_logprobs[tokens[i]] is token_logprobs[i].
+            top[text] = _json_logprob(chosen.logprob)
+        out.top_logprobs.append(top)
         out.text_offset.append(offset)
         offset += len(text)
     return offset
