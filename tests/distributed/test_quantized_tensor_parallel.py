@@ -16,8 +16,9 @@ from vx.distributed import destroy_parallel_groups, init_parallel_groups
 
 # The ranks multiply their halves of K and all-reduce, where one process sums all of K in one kernel call: a few
 # float32 ulps on logits of magnitude ~13-19. Measured TP=2 vs TP=1 max difference: Q8_0 2.1e-5, Q4_0 1.5e-5,
-# Q4_1 1.8e-5, AWQ 1.1e-5, GPTQ 1.1e-5. A block or group cut in the wrong place moves them by 1e-2 or more.
-LOGITS_ATOL = 5e-5
+# Q4_1 1.8e-5, AWQ 1.1e-5, GPTQ 1.1e-5; fp8 per channel 5.2e-5 on an AMX Xeon (one logit of 16,896). A block or
+# group cut in the wrong place moves them by 1e-2 or more.
+LOGITS_ATOL = 1e-4
 GROUP = 32
 
 

