@@ -160,7 +160,8 @@ class DecodeGraphs:
         self._failed: dict[int, str] = {}
         self._lock = threading.Lock()
         self._compiler = _CompilerThread()
-        self._finalizer_set = False
+        # Runs at interpreter exit too, if nobody shut the engine down.
+        weakref.finalize(self, self._compiler.stop, True)
         self.compile_seconds: dict[int, float] = {}
         self.steps_run: dict[int, int] = {}  # size -> decode steps it served
 
@@ -173,15 +174,14 @@ class DecodeGraphs:
             self._compile(size)
 
     def compile_in_background(self, size: int) -> None:
-        """Queue `size` for the background compiler (started on first use); returns at once."""
+        """Queue `size` for the background compiler (a thread that runs while sizes are queued); returns at once."""
+        if self._compiler.stopped:
+            return
         with self._lock:
             if size in self._queued or size in self._ready or size in self._failed:
                 return
             self._queued.add(size)
-        if self._compiler.submit(size, self._compile) and not self._finalizer_set:
-            # Runs at interpreter exit too, if nobody shut the engine down.
-            weakref.finalize(self, self._compiler.stop, True)
-            self._finalizer_set = True
+        self._compiler.submit(size, self._compile)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every queued size is compiled (or failed); whether that happened within `timeout`."""
@@ -271,28 +271,29 @@ class _CompilerThread:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: deque[int] = deque()
-        self._compile: Callable[[int], None] | None = None
-        self._stopped = threading.Event()
+        # (size, the compile to run); nothing of it is kept once run, so an idle compiler holds no model alive.
+        self._pending: deque[tuple[int, Callable[[int], None]]] = deque()
+        self._stopped = False
         self.thread: threading.Thread | None = None
 
-    def submit(self, size: int, compile_fn: Callable[[int], None]) -> bool:
-        """Queue `size` for `compile_fn`; whether a thread was started for it. Refused once stopped."""
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def submit(self, size: int, compile_fn: Callable[[int], None]) -> None:
+        """Queue `compile_fn(size)`, starting a thread if none runs; ignored once stopped."""
         with self._lock:
-            if self._stopped.is_set():
-                return False
-            self._pending.append(size)
-            self._compile = compile_fn
-            if self.thread is not None:
-                return False
-            self.thread = threading.Thread(target=self._loop, name="vx-decode-compile", daemon=True)
-            self.thread.start()
-            return True
+            if self._stopped:
+                return
+            self._pending.append((size, compile_fn))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="vx-decode-compile", daemon=True)
+                self.thread.start()
 
     def stop(self, wait: bool = False) -> None:
         """Drop the queued sizes; with `wait`, wait for the compile in progress (if any) to end."""
         with self._lock:
-            self._stopped.set()
+            self._stopped = True
             self._pending.clear()
             thread = self.thread
         if wait and thread is not None and thread is not threading.current_thread():
@@ -307,11 +308,10 @@ class _CompilerThread:
         try:
             while True:
                 with self._lock:
-                    if self._stopped.is_set() or not self._pending:
+                    if self._stopped or not self._pending:
                         self.thread = None
                         return
-                    size, compile_fn = self._pending.popleft(), self._compile
-                assert compile_fn is not None
+                    size, compile_fn = self._pending.popleft()
                 compile_fn(size)
         finally:
             sys.setswitchinterval(interval)

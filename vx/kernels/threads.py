@@ -6,7 +6,8 @@ application. Within a step the threads are still spinning when the next call com
 Where they sleep at once (PASSIVE without a spin count, as the test suite runs), waking a sleeping thread costs
 ~60-80 µs on the 2-core VMs measured here (`python -m benchmarks.quant_matmul --threads 1` vs `--threads 2`: a
 576x576 int4 matmul at batch 1 took 31 µs on one thread and 94 µs on two), so the many small calls of a batch-1
-decode step run faster on the calling thread alone. A call goes parallel when its estimated single-thread time is worth the wake-up: serial / n + wake < serial.
+decode step run faster on the calling thread alone. A call goes parallel when its estimated single-thread time is
+worth the wake-up: serial / n + wake < serial.
 """
 
 from __future__ import annotations
