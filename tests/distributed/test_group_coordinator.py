@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -46,3 +48,23 @@ def test_a_group_of_one_rank_answers_locally():
         GroupCoordinator([0, 1], 2, None)
     single = init_parallel_groups(0, 1, 1, init_method="unused")
     assert single.tp.world_size == single.pp.world_size == 1 and single.world_size == 1
+
+
+def _leave_main(rank: int, init_method: str, out_dir: str) -> None:
+    import time
+
+    init_parallel_groups(rank, tensor_parallel_size=2, pipeline_parallel_size=1, init_method=init_method)
+    if rank == 1:
+        os._exit(0)  # a worker that died: it never comes to the closing barrier
+    start = time.monotonic()
+    destroy_parallel_groups()
+    with open(f"{out_dir}/left_after_s", "w") as f:
+        f.write(str(time.monotonic() - start))
+
+
+@pytest.mark.slow
+def test_a_rank_leaves_without_waiting_long_for_a_dead_peer(tmp_path):
+    """The closing barrier (which keeps a rank from closing its connections under a peer's last messages) gives up
+    on a peer that never comes: shutdown must not hang on a dead worker."""
+    mp.spawn(_leave_main, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, join=True)
+    assert float((tmp_path / "left_after_s").read_text()) < 10

@@ -9,6 +9,7 @@ groups to the model's layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -58,10 +59,25 @@ def init_parallel_groups(rank: int, tensor_parallel_size: int, pipeline_parallel
     return ParallelGroups(tp=make(tp_groups), pp=make(pp_groups), world_size=world, rank=rank)
 
 
+# How long a leaving rank waits for its peers at the closing barrier: every rank leaves at once (a shutdown call
+# broadcast to all of them), and a peer that never comes (it died) must not hold the others' exit for long.
+LEAVE_BARRIER_TIMEOUT = timedelta(seconds=2)
+
+
 def destroy_parallel_groups() -> None:
-    """Leave the process group (idempotent): every group made with it ends."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Leave the process group (idempotent): every group made with it ends.
+
+    Over gloo the ranks first meet at a barrier (at most `LEAVE_BARRIER_TIMEOUT`): a rank that closed its connections
+    while a peer's last messages were still in flight to it could abort the process (a rare SIGABRT, "terminate
+    called without an active exception", seen in a two-rank test)."""
+    if not dist.is_initialized():
+        return
+    if dist.get_world_size() > 1 and dist.get_backend() == "gloo":
+        try:
+            dist.monitored_barrier(timeout=LEAVE_BARRIER_TIMEOUT)
+        except RuntimeError:  # a peer gone or late: leave anyway
+            pass
+    dist.destroy_process_group()
 
 
 def pp_layer_range(num_layers: int, stage: int, num_stages: int) -> tuple[int, int]:
