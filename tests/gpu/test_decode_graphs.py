@@ -219,6 +219,26 @@ def test_the_compile_thread_ends_when_nothing_is_queued():
     graphs.shutdown(wait=True)
 
 
+def test_a_queued_size_compiles_only_once_the_engine_is_idle():
+    """A compile beside busy steps holds the GIL and slows them for its tens of seconds: a queued size waits until
+    no step has run for IDLE_BEFORE_COMPILE_S; shut down while waiting, it never compiles."""
+    from vx.gpu.decode_graphs import IDLE_BEFORE_COMPILE_S, DecodeGraphs
+
+    capture = _SlowBuild(0.01)
+    graphs = DecodeGraphs(torch.nn.Identity(), 8, 4, torch.device("cpu"), capture=capture)
+    with graphs.step():
+        graphs.compile_in_background(2)
+        time.sleep(IDLE_BEFORE_COMPILE_S + 0.3)
+        assert capture.started == []  # a long step (a prefill) is not idle time
+    ended = time.monotonic()
+    assert graphs.wait(timeout=5) and capture.finished == [2]
+    assert time.monotonic() - ended >= IDLE_BEFORE_COMPILE_S
+    with graphs.step():
+        graphs.compile_in_background(4)
+    graphs.shutdown(wait=True)  # while 4 waits for idle time: the waiting thread ends, nothing compiles
+    assert capture.started == [2] and graphs._compiler.thread is None
+
+
 def test_invalid_decode_compile_setting_is_refused(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("VX_DECODE_COMPILE", "sometimes")
     with pytest.raises(Exception, match="VX_DECODE_COMPILE"):

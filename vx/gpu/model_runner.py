@@ -123,6 +123,12 @@ class ModelRunner:
         alone: it is reported in `ModelRunnerOutput.failed`, and the others sample as they would have. Only a
         failure of the batch's forward pass raises (and ends the engine).
         """
+        if self.decode_graphs is None:
+            return self._execute(scheduler_output)
+        with self.decode_graphs.step():  # sizes queued for compiling wait until no step runs
+            return self._execute(scheduler_output)
+
+    def _execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         failed = self.input_batch.update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput([], [], failed=failed)
