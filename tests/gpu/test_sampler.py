@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vx.gpu.sampler import Sampler, apply_min_p, apply_top_k_top_p, exponential_race, inverse_cdf_sample
+from vx.gpu.sampler import (Sampler, apply_min_p, apply_top_k_top_p, exponential_race, greedy_token_ids,
+                             inverse_cdf_sample)
 from vx.gpu.sampling_metadata import SamplingMetadata, make_generator
 from vx.sampling_params import SamplingParams
 
@@ -80,6 +81,17 @@ def test_greedy_rows_equal_argmax_and_logits_untouched():
     out = sample(logits, [SamplingParams(temperature=0.0)] * 7)
     assert torch.equal(out, logits.argmax(-1)) and out.dtype == torch.int64
     assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_rows_of_low_precision_logits_take_the_first_of_equal_maxima(dtype):
+    """Greedy rows read bf16/fp16 logits as they are (no float32 copy): the same token as the float32 argmax, the
+    first one where maxima tie (a low-precision vocabulary row often has ties)."""
+    logits = torch.randn(9, V).to(dtype)
+    logits[0, 3] = logits[0, 11] = logits[0].max() + 1  # a tie: the first wins
+    out = sample(logits, [SamplingParams(temperature=0.0)] * 9)
+    assert torch.equal(out, logits.float().argmax(-1)) and out[0] == 3
+    assert torch.equal(greedy_token_ids(logits), logits.float().argmax(-1))
 
 
 def test_top_k_1_equals_argmax_also_through_the_random_path():
