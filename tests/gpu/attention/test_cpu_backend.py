@@ -13,7 +13,7 @@ from vx.gpu.attention import get_attn_backend
 from vx.gpu.attention.cpu_backend import CpuAttentionBackend
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
 from vx.gpu.attention.backend import CommonAttentionMetadata
-from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel
+from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel, register_paged_decode_op
 from vx.gpu.attention.kv_format import kv_cache_format
 
 pytestmark = pytest.mark.skipif(load_paged_decode_kernel() is None,
@@ -174,6 +174,29 @@ def test_a_16_bit_model_decodes_in_the_kernel(monkeypatch, dtype, kv_cache_dtype
     torch.testing.assert_close(got.float(), want, atol=1e-5, rtol=2 * torch.finfo(dtype).eps)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
+def test_the_graph_op_stores_and_attends_as_the_eager_path(dtype, kv_cache_dtype):
+    """`vx::paged_decode_attention` (what a compiled decode graph calls; the kernel stores the step's rows itself
+    when they come in the cache's dtype, and reads and writes bf16 rows itself) leaves the same cache and gives
+    the same output, bit for bit, as the eager path (the rows stored by index_copy_, q through float32)."""
+    register_paged_decode_op()
+    heads, kv_heads, head_dim = 9, 3, 64
+    common, cache32, q32, k32, v32 = _decode_batch([1, 2, 17, 300, 64, 33], heads, kv_heads, head_dim, 16)
+    fmt = kv_cache_format(kv_cache_dtype)
+    cache = fmt.store(cache32, fmt.cache_dtype(dtype))
+    q, k, v = (t.to(dtype) for t in (q32, k32, v32))
+    impl = CpuAttentionBackend.get_impl_cls()(heads, head_dim, head_dim ** -0.5, kv_heads,
+                                              kv_cache_dtype=kv_cache_dtype)
+    eager_cache, graph_cache = cache.clone(), cache.clone()
+    want = impl.forward(None, q, k, v, eager_cache, CpuAttentionBackend.build_metadata(common))
+    got = torch.ops.vx.paged_decode_attention(q, k, v, graph_cache, common.slot_mapping, common.block_table,
+                                              common.seq_lens, head_dim ** -0.5, 0, heads, kv_cache_dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert torch.equal(graph_cache.view(torch.uint8), eager_cache.view(torch.uint8))
+    assert not torch.equal(graph_cache.view(torch.uint8), cache.view(torch.uint8))  # the step's rows were stored
+
+
 def test_selection_and_switch_off(monkeypatch, tmp_path):
     assert get_attn_backend("auto", "cpu") is CpuAttentionBackend
     assert get_attn_backend("cpu", "cpu") is CpuAttentionBackend
@@ -208,7 +231,7 @@ def test_loading_the_kernel_keeps_subnormal_floats():
     import subprocess
     import sys
 
-    code = ("import torch; from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel as k; "
+    code = ("import torch; from vx.gpu.attention.cpu_kernels import load_paged_decode_kernel, register_paged_decode_op as k; "
             "assert k() is not None; print((torch.tensor([1e-30]) * torch.tensor([1e-10])).item())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert float(out) > 0.0

@@ -5,8 +5,14 @@
  * online softmax over the block's tokens for the group of query heads that share the kv head (GQA).
  *
  * Layouts (all contiguous):
- *   q, out:       float32 rows of [H * D] (head-major, row strides q_stride / out_stride); sequence i's query is
- *                 row q_rows[i], its output row out_rows[i] (row i where q_rows / out_rows is NULL)
+ *   q, out:       rows of [H * D] (head-major, row strides q_stride / out_stride, in elements) of float32, or of
+ *                 bfloat16 (io_kind KV_BF16: a bf16 model's own rows, read into float32 and rounded back to
+ *                 nearest-even once); sequence i's query is row q_rows[i], its output row out_rows[i] (row i where
+ *                 q_rows / out_rows is NULL)
+ *   k_new, v_new: optional (num_new > 0): the step's own key/value rows, [Hk * row] bytes each at a stride of
+ *                 new_stride bytes, in the cache's kind; row r is stored at slot new_slots[r] (block slot /
+ *                 block_size, token slot % block_size; a negative slot is skipped) before anything is read, so
+ *                 that a sequence attends to its newest token
  *   k/v cache:    [num_blocks, block_size, Hk, row] where a row is one token's key (value) for one kv head, per
  *                 kv_kind (vx/gpu/attention/kv_format.py): KV_F32 D floats; KV_FP8 D float8 e4m3 codes; KV_INT8 D
  *                 int8 codes then the row's float32 scale; KV_BF16 / KV_F16 D bfloat16 / float16 values (a bf16
@@ -129,6 +135,15 @@ static inline __attribute__((always_inline)) void decode_rows(const uint8_t *row
     }
 }
 
+/* float -> bfloat16, rounded to nearest-even (as torch rounds); NaN stays a quiet NaN. Integer tests only: the
+ * file builds with -ffast-math, under which isnan() may fold to false. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -211,18 +226,28 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
-int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, const uint8_t *k_cache,
-                    const uint8_t *v_cache, int64_t kv_kind, int64_t row_bytes, float tensor_scale_k,
-                    float tensor_scale_v, const int32_t *block_table, int64_t bt_stride, const int32_t *seq_lens,
-                    int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                    float scale, int64_t window, float *out, int64_t out_stride, const int64_t *out_rows,
-                    int num_threads, int64_t min_parallel_work) {
+int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint8_t *k_cache, uint8_t *v_cache,
+                    int64_t kv_kind, int64_t row_bytes, float tensor_scale_k, float tensor_scale_v,
+                    const int32_t *block_table, int64_t bt_stride, const int32_t *seq_lens, int64_t num_seqs,
+                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                    int64_t window, void *out, int64_t out_stride, const int64_t *out_rows, int num_threads,
+                    int64_t min_parallel_work, int64_t io_kind, const uint8_t *k_new, const uint8_t *v_new,
+                    int64_t new_stride, const int64_t *new_slots, int64_t num_new) {
     const int64_t group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK || num_heads % num_kv_heads) return -1;
-    if (kv_kind < KV_F32 || kv_kind > KV_F16) return -1;
+    if (kv_kind < KV_F32 || kv_kind > KV_F16 || (io_kind != KV_F32 && io_kind != KV_BF16)) return -1;
     const int64_t tok_stride = num_kv_heads * row_bytes;
     const int64_t blk_stride = block_size * tok_stride;
     const float score_scale = scale * tensor_scale_k;
+
+    /* The step's own rows first: a few KB, on this thread. */
+    for (int64_t r = 0; r < num_new; r++) {
+        const int64_t slot = new_slots[r];
+        if (slot < 0) continue;
+        const int64_t at = (slot / block_size) * blk_stride + (slot % block_size) * tok_stride;
+        memcpy(k_cache + at, k_new + r * new_stride, (size_t)tok_stride);
+        memcpy(v_cache + at, v_new + r * new_stride, (size_t)tok_stride);
+    }
 
     /* Few tokens to read: the calling thread alone is done before a sleeping team would wake. */
     int64_t work = 0;
@@ -232,8 +257,20 @@ int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, con
         const int64_t s = task / num_kv_heads, kh = task % num_kv_heads;
         const int64_t len = seq_lens[s];
         const int64_t first = (window > 0 && len > window) ? len - window : 0;
-        const float *qs = q + (q_rows ? q_rows[s] : s) * q_stride + kh * group * head_dim;
-        float *os = out + (out_rows ? out_rows[s] : s) * out_stride + kh * group * head_dim;
+        const int64_t q_at = (q_rows ? q_rows[s] : s) * q_stride + kh * group * head_dim;
+        const int64_t out_at = (out_rows ? out_rows[s] : s) * out_stride + kh * group * head_dim;
+        const int64_t width = group * head_dim;
+        float qbuf[MAX_GROUP * MAX_DIM], obuf[MAX_GROUP * MAX_DIM]; /* a bf16 model's rows, in float32 */
+        const float *qs;
+        float *os;
+        if (io_kind == KV_F32) {
+            qs = (const float *)q + q_at;
+            os = (float *)out + out_at;
+        } else {
+            half_row_to_float((const uint16_t *)q + q_at, width, KV_BF16, qbuf);
+            qs = qbuf;
+            os = obuf;
+        }
         const int32_t *blocks = block_table + s * bt_stride;
 /* Every (kind, head_dim) pair the dispatch names gets its own fully specialised copy of attend. */
 #define ATTEND(KIND, DIM)                                                                                          \
@@ -251,7 +288,11 @@ int vx_paged_decode(const float *q, int64_t q_stride, const int64_t *q_rows, con
         else if (kv_kind == KV_F16) ATTEND_KIND(KV_F16);
         else ATTEND_KIND(KV_F32);
         if (tensor_scale_v != 1.f)
-            for (int64_t i = 0; i < group * head_dim; i++) os[i] *= tensor_scale_v;
+            for (int64_t i = 0; i < width; i++) os[i] *= tensor_scale_v;
+        if (io_kind == KV_BF16) {
+            uint16_t *o16 = (uint16_t *)out + out_at;
+            for (int64_t i = 0; i < width; i++) o16[i] = float_to_bf16(obuf[i]);
+        }
     }
     return 0;
 }
