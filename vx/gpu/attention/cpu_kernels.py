@@ -50,7 +50,7 @@ class PagedDecodeKernel:
         fn = lib.vx_paged_decode
         p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         fn.argtypes = [p, i64, p, p, p, i64, i64, f32, f32, p, i64, p, i64, i64, i64, i64, i64, f32, i64, p, i64, p,
-                       ctypes.c_int, i64, i64, p, p, i64, p, i64]
+                       ctypes.c_int, i64, i64, p, p, i64, i64, p, i64]
         fn.restype = ctypes.c_int
         self._fn = fn
 
@@ -104,17 +104,19 @@ class PagedDecodeKernel:
                       out.stride(0), rows, torch.get_num_threads(), _min_parallel_work(), _IO_KINDS[q.dtype],
                       None if k_new is None else k_new.data_ptr(), None if v_new is None else v_new.data_ptr(),
                       0 if k_new is None else k_new.stride(0) * k_new.element_size(),
+                      0 if v_new is None else v_new.stride(0) * v_new.element_size(),
                       None if slots is None else slots.data_ptr(), 0 if slots is None else slots.shape[0])
         return rc == 0
 
 
 def _writable(write: tuple[torch.Tensor, torch.Tensor, torch.Tensor], kv_cache: torch.Tensor) -> bool:
-    """Whether the kernel can store these new rows itself: [N, Hk * row] in the cache's dtype, rows contiguous,
-    k and v alike, int64 slots."""
+    """Whether the kernel can store these new rows itself: [N, Hk * row] in the cache's dtype, each row contiguous
+    (k and v may have different row strides: one may be a slice of the qkv projection, the other a fresh tensor),
+    int64 slots."""
     k, v, slots = write
     token_elems = kv_cache.shape[-2] * kv_cache.shape[-1]
     return (k.dim() == v.dim() == 2 and k.dtype == v.dtype == kv_cache.dtype and k.shape == v.shape
-            and k.shape[1] == token_elems and k.stride(1) == v.stride(1) == 1 and k.stride(0) == v.stride(0)
+            and k.shape[1] == token_elems and k.stride(1) == v.stride(1) == 1
             and slots.dtype == torch.int64 and slots.dim() == 1 and slots.is_contiguous()
             and slots.shape[0] == k.shape[0])
 

@@ -9,8 +9,8 @@
  *                 bfloat16 (io_kind KV_BF16: a bf16 model's own rows, read into float32 and rounded back to
  *                 nearest-even once); sequence i's query is row q_rows[i], its output row out_rows[i] (row i where
  *                 q_rows / out_rows is NULL)
- *   k_new, v_new: optional (num_new > 0): the step's own key/value rows, [Hk * row] bytes each at a stride of
- *                 new_stride bytes, in the cache's kind; row r is stored at slot new_slots[r] (block slot /
+ *   k_new, v_new: optional (num_new > 0): the step's own key/value rows, [Hk * row] bytes each at strides of
+ *                 k_new_stride / v_new_stride bytes, in the cache's kind; row r is stored at slot new_slots[r] (block slot /
  *                 block_size, token slot % block_size; a negative slot is skipped) before anything is read, so
  *                 that a sequence attends to its newest token
  *   k/v cache:    [num_blocks, block_size, Hk, row] where a row is one token's key (value) for one kv head, per
@@ -232,7 +232,7 @@ int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint
                     int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
                     int64_t window, void *out, int64_t out_stride, const int64_t *out_rows, int num_threads,
                     int64_t min_parallel_work, int64_t io_kind, const uint8_t *k_new, const uint8_t *v_new,
-                    int64_t new_stride, const int64_t *new_slots, int64_t num_new) {
+                    int64_t k_new_stride, int64_t v_new_stride, const int64_t *new_slots, int64_t num_new) {
     const int64_t group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK || num_heads % num_kv_heads) return -1;
     if (kv_kind < KV_F32 || kv_kind > KV_F16 || (io_kind != KV_F32 && io_kind != KV_BF16)) return -1;
@@ -245,8 +245,8 @@ int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint
         const int64_t slot = new_slots[r];
         if (slot < 0) continue;
         const int64_t at = (slot / block_size) * blk_stride + (slot % block_size) * tok_stride;
-        memcpy(k_cache + at, k_new + r * new_stride, (size_t)tok_stride);
-        memcpy(v_cache + at, v_new + r * new_stride, (size_t)tok_stride);
+        memcpy(k_cache + at, k_new + r * k_new_stride, (size_t)tok_stride);
+        memcpy(v_cache + at, v_new + r * v_new_stride, (size_t)tok_stride);
     }
 
     /* Few tokens to read: the calling thread alone is done before a sleeping team would wake. */
