@@ -58,13 +58,11 @@ class Sampler(nn.Module):
             # The processors write in place: on a copy, never the caller's tensor.
             logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
             logits = metadata.logits_processors(logits)
-        elif metadata.all_greedy:
-            # Fast path: nothing random in the batch, so one argmax is the whole step; in the logits' own dtype
-            # (widening to float32 keeps their order, so the same tokens).
-            return SamplerOutput(sampled_token_ids=greedy_token_ids(logits))
-        else:
+        elif not metadata.all_greedy:
             logits = logits.float()  # bf16/fp16 logits would lose too much in softmax
         if metadata.all_greedy:
+            # Fast path: nothing random in the batch, so one argmax is the whole step; unprocessed logits in their
+            # own dtype (widening to float32 keeps their order, so the same tokens).
             return SamplerOutput(sampled_token_ids=greedy_token_ids(logits))
 
         greedy_ids = None if metadata.all_random else greedy_token_ids(logits)
