@@ -54,8 +54,15 @@ def _leave_main(rank: int, init_method: str, out_dir: str) -> None:
     import time
 
     init_parallel_groups(rank, tensor_parallel_size=2, pipeline_parallel_size=1, init_method=init_method)
+    ready = f"{out_dir}/rank0_ready"
     if rank == 1:
-        os._exit(0)  # a worker that died: it never comes to the closing barrier
+        # A worker that dies once the groups stand (dying while rank 0 still connects fails its init instead): it
+        # never comes to the closing barrier.
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(0)
+    open(ready, "w").close()
     start = time.monotonic()
     destroy_parallel_groups()
     with open(f"{out_dir}/left_after_s", "w") as f:
