@@ -14,7 +14,8 @@ shape (the default model's projections as vx fuses them, its LM head, and an 8B 
   int4 runs the same torch op as above, its int8 converts the whole weight to float per call);
 - dequantizing the whole weight per call (the reference Int8Groupwise had), for int8 groupwise;
 - vx's C kernel (`vx.kernels.quant_matmul`), its float path (float32 x times the weight dequantized in registers)
-  and its int8 path (x rounded to int8 per group, VNNI integer dot products) side by side, and the path vx chose
+  and its int8 path (x rounded to int8 per group, VNNI integer dot products) side by side, its AMX path where the
+  CPU has AMX (the weight dequantized to bf16 tiles per call, x in bf16), and the path vx chose
   (`Int4Groupwise` ... `.matmul`; `VX_CPU_MATMUL`). `--only-vx` keeps just these and float F.linear.
 
 Weights rotate over copies totalling `--cold-mib` so each call reads its weight from memory, as a decode
@@ -160,14 +161,15 @@ def _torchao(layout: str) -> Callable[[Weights, Any], Matmul]:
 
 
 def _vx_kernel(layout: str, path: str) -> Callable[[Weights, Any], Matmul]:
-    """vx's C kernel packed for `path` (`float` or `int8`, as VX_CPU_MATMUL would choose)."""
+    """vx's C kernel packed for `path` (`float` or `int8`, as VX_CPU_MATMUL would choose; `amx`: packed as `auto`
+    does on an AMX CPU, its AMX path at every M)."""
     def make(w: Weights, dtype: Any) -> Matmul:
         import torch
         from vx.kernels.quant_matmul import load_quant_matmul_kernel
 
         kernel = load_quant_matmul_kernel()
         saved = os.environ.get("VX_CPU_MATMUL")
-        os.environ["VX_CPU_MATMUL"] = path
+        os.environ["VX_CPU_MATMUL"] = "auto" if path == "amx" else path
         try:
             packed = kernel.pack(w.q, w.scale, w.zero, w.group, 4 if layout == "int4" else 8)
         finally:
@@ -175,9 +177,13 @@ def _vx_kernel(layout: str, path: str) -> Callable[[Weights, Any], Matmul]:
                 del os.environ["VX_CPU_MATMUL"]
             else:
                 os.environ["VX_CPU_MATMUL"] = saved
+        if path == "amx":
+            if not packed.amx:
+                raise ValueError("the AMX path does not serve this weight here")
+            return lambda x: kernel.matmul(x.to(torch.float32), packed, amx=True).to(x.dtype)
         if packed.int8_activations != (path == "int8"):
             raise ValueError(f"the {path} path does not serve this weight here")
-        return lambda x: kernel.matmul(x.to(torch.float32), packed).to(x.dtype)
+        return lambda x: kernel.matmul(x.to(torch.float32), packed, amx=False).to(x.dtype)
     return make
 
 
@@ -224,6 +230,8 @@ def candidates(layout: str, dtype_name: str, only_vx: bool = False) -> list[Cand
         out.append(Candidate("vx C float path", _vx_kernel(layout, "float"), int_bytes))
         if (4 if layout == "int4" else 8) in kernel.i8_bits:
             out.append(Candidate("vx C int8 path", _vx_kernel(layout, "int8"), int_bytes))
+        if kernel.has_amx:
+            out.append(Candidate("vx C AMX path", _vx_kernel(layout, "amx"), int_bytes))
     if only_vx:
         out = [out[0], *(c for c in out if c.name.startswith("vx C"))]
     chosen_weight = _vx_chosen(layout)(make_weights(layout, 16, 64, 32, 0), torch_dtype(dtype_name)).__self__

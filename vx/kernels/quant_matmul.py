@@ -25,6 +25,7 @@ from vx.kernels.threads import threads_for
 
 _SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.c"
 _SOURCE_I8 = Path(__file__).with_name("csrc") / "quant_matmul_i8.c"
+_SOURCE_AMX = Path(__file__).with_name("csrc") / "quant_matmul_amx.c"
 # Build flags that take VNNI away, to run the int8 path's AVX2 fallback (and auto's choice) on a VNNI machine.
 _NO_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
 # No -ffast-math: the kernel needs none of it, only the contraction of a * b + c into FMAs (gnu11 allows it).
@@ -34,6 +35,9 @@ _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-
 _NS_PER_WEIGHT, _NS_PER_WEIGHT_ROW = 0.045, 0.03
 # The same for the int8-activation path (VNNI), fitted the same way.
 _NS_PER_WEIGHT_I8, _NS_PER_WEIGHT_ROW_I8 = 0.035, 0.0075
+# From how many rows of x an int8-layout weight takes the AMX path: its tiles hold 32 rows, and below that the
+# int8 path was faster on every shape of the default model (`python -m benchmarks.quant_matmul`, AMX Xeon).
+AMX_MIN_ROWS = 32
 
 
 def serial_us(m: int, n: int, k: int, int8_activations: bool = False) -> float:
@@ -55,6 +59,7 @@ class PackedQuantWeight:
     group_size: int
     bits: int
     int8_activations: bool = False  # packed for csrc/quant_matmul_i8.c (x rounded to int8), else the float path
+    amx: bool = False  # products of many rows may take csrc/quant_matmul_amx.c (bf16 tiles) instead
 
     @property
     def nbytes(self) -> int:
@@ -64,7 +69,7 @@ class PackedQuantWeight:
 class QuantMatmulKernel:
     """The loaded libraries: `pack` a weight once, then `matmul` float32 activations with it."""
 
-    def __init__(self, lib: ctypes.CDLL, lib_i8: ctypes.CDLL | None = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, lib_i8: ctypes.CDLL | None = None, lib_amx: ctypes.CDLL | None = None) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._fns = {4: lib.vx_q4_matmul_f32, 8: lib.vx_q8_matmul_f32}
         for fn in self._fns.values():
@@ -84,6 +89,29 @@ class QuantMatmulKernel:
             self.i8_bits = frozenset(b for b in (4, 8) if support & (1 << b))
             self.i8_vnni = bool(lib_i8.vx_i8_vnni())
             self.i8_panel = lib_i8.vx_i8_panel()
+        # The AMX path for int8-layout weights with many rows (csrc/quant_matmul_amx.c), where the CPU and the OS
+        # grant AMX tiles; it reads the 16-feature layout only.
+        self._fn_amx = None
+        if lib_amx is not None and lib_amx.vx_amx_support() and self.i8_panel == 16 and lib_amx.vx_amx_ready():
+            self._fn_amx = lib_amx.vx_amx_matmul_f32
+            self._fn_amx.argtypes = [p, i64, i64, p, i32, p, i32, i64, i64, p, i32]
+            self._fn_amx.restype = i32
+
+    @property
+    def has_amx(self) -> bool:
+        """Whether this CPU, its OS and the build give the AMX path."""
+        return self._fn_amx is not None
+
+    def amx_for(self, int8_activations: bool, in_features: int) -> bool:
+        """Whether `pack` lets a weight's many-row products take the AMX path: `VX_CPU_MATMUL=auto`, a CPU and OS
+        that grant AMX tiles, the int8 layout of 16-feature panels, whole 32-k tiles."""
+        return (self._fn_amx is not None and int8_activations and envs.VX_CPU_MATMUL.get() == "auto"
+                and in_features % 32 == 0)
+
+    @staticmethod
+    def uses_amx(m: int, w: PackedQuantWeight) -> bool:
+        """Whether x of `m` rows times `w` takes the AMX path: rows enough to repay dequantizing the weight."""
+        return w.amx and m >= AMX_MIN_ROWS
 
     def int8_activations_for(self, bits: int, group_size: int) -> bool:
         """Whether `pack` gives such a weight the int8-activation path, by `VX_CPU_MATMUL` and what this CPU has."""
@@ -123,10 +151,12 @@ class QuantMatmulKernel:
         half = sz.to(torch.float16)
         if torch.equal(half.float(), sz):
             sz = half
-        return PackedQuantWeight(q.contiguous(), sz.contiguous(), n, k, group_size, bits, int8_act)
+        return PackedQuantWeight(q.contiguous(), sz.contiguous(), n, k, group_size, bits, int8_act,
+                                 self.amx_for(int8_act, k))
 
-    def matmul(self, x: torch.Tensor, w: PackedQuantWeight) -> torch.Tensor:
-        """x [M, K] float32 @ W^T -> [M, N] float32."""
+    def matmul(self, x: torch.Tensor, w: PackedQuantWeight, amx: bool | None = None) -> torch.Tensor:
+        """x [M, K] float32 @ W^T -> [M, N] float32. `amx` True / False forces the AMX path on or off for a weight
+        packed for it (benchmarks measure both at every M); None leaves it to `uses_amx`."""
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.in_features:
             raise ValueError(f"matmul: x {x.dtype} {tuple(x.shape)} for a weight of {w.in_features} inputs "
                              "(x must be float32 [M, K]).")
@@ -134,7 +164,10 @@ class QuantMatmulKernel:
         m = x.shape[0]
         y = torch.empty(m, w.out_features, dtype=torch.float32)
         half = int(w.sz.dtype == torch.float16)
-        if w.int8_activations:
+        if self._fn_amx is not None and w.amx and (self.uses_amx(m, w) if amx is None else amx):
+            rc = self._fn_amx(x.data_ptr(), m, w.in_features, w.q.data_ptr(), w.bits, w.sz.data_ptr(), half,
+                              w.out_features, w.group_size, y.data_ptr(), torch.get_num_threads())
+        elif w.int8_activations:
             threads = threads_for(serial_us(m, w.out_features, w.in_features, int8_activations=True))
             rc = self._fn_i8(x.data_ptr(), m, w.in_features, w.q.data_ptr(), w.bits, w.sz.data_ptr(), half,
                              w.out_features, w.group_size, y.data_ptr(), threads)
@@ -162,4 +195,7 @@ def load_quant_matmul_kernel(vector_bytes: int | None = None, vnni: bool = True)
         return None
     # Without the int8 path's library (a failed build) every weight takes the float path.
     lib_i8 = load_library(_SOURCE_I8, flags if vnni else (*flags, *_NO_VNNI), (), "CPU int8-activation matmul kernel")
-    return QuantMatmulKernel(lib, lib_i8)
+    lib_amx = None
+    if vector_bytes is None and vnni:
+        lib_amx = load_library(_SOURCE_AMX, _CFLAGS, (), "CPU AMX matmul kernel")
+    return QuantMatmulKernel(lib, lib_i8, lib_amx)

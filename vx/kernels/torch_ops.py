@@ -20,8 +20,8 @@ import torch
 from vx.kernels.quant_matmul import PackedQuantWeight, load_quant_matmul_kernel
 
 _SCHEMAS = (
-    "quant_matmul(Tensor x, Tensor q, Tensor sz, int out_features, int group_size, int bits, bool int8_activations)"
-    " -> Tensor",
+    "quant_matmul(Tensor x, Tensor q, Tensor sz, int out_features, int group_size, int bits, bool int8_activations,"
+    " bool amx) -> Tensor",
 )
 
 
@@ -31,11 +31,12 @@ def tracing(x: torch.Tensor) -> bool:
 
 
 def _quant_matmul(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor, out_features: int, group_size: int,
-                  bits: int, int8_activations: bool) -> torch.Tensor:
+                  bits: int, int8_activations: bool, amx: bool) -> torch.Tensor:
     kernel = load_quant_matmul_kernel()
     if kernel is None:
         raise RuntimeError("vx::quant_matmul: the CPU quantized matmul kernel is not available.")
-    return kernel.matmul(x, PackedQuantWeight(q, sz, out_features, x.shape[1], group_size, bits, int8_activations))
+    return kernel.matmul(x, PackedQuantWeight(q, sz, out_features, x.shape[1], group_size, bits, int8_activations,
+                                                   amx))
 
 
 @functools.cache
@@ -45,6 +46,6 @@ def library() -> torch.library.Library:
     for schema in _SCHEMAS:
         lib.define(schema)
     lib.impl("quant_matmul", _quant_matmul, "CPU")
-    lib.impl("quant_matmul", lambda x, q, sz, out_features, group_size, bits, int8_activations:
+    lib.impl("quant_matmul", lambda x, q, sz, out_features, group_size, bits, int8_activations, amx:
              x.new_empty(x.shape[0], out_features), "Meta")
     return lib

@@ -58,7 +58,7 @@ def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torc
     x2 = x.reshape(-1, packed.in_features).to(torch.float32)
     if torch_ops.tracing(x):
         y = torch.ops.vx.quant_matmul(x2, packed.q, packed.sz, packed.out_features, packed.group_size, packed.bits,
-                                      packed.int8_activations)
+                                      packed.int8_activations, packed.amx)
     else:
         y = kernel.matmul(x2, packed)
     return y.to(x.dtype).reshape(*x.shape[:-1], packed.out_features)
