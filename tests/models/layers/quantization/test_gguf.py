@@ -229,3 +229,22 @@ def test_a_rank_that_would_cut_a_block_is_refused_naming_the_layer_and_the_sizes
     with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.down: tensor_parallel_size=2 gives each rank 128 of "
                                          r"its 256 input features, which is not a multiple of Q4_K's block of 256"):
         row.quant_method.process_weights_after_loading(row)
+
+
+def test_a_bfloat16_head_gives_float32_logits_without_rounding_them_to_bfloat16():
+    """Logits leave a quantized head in float32 straight from the kernel: rounding them to the model's bf16 and back
+    (two passes over [rows, vocab], a tenth of a batch-128 decode step) would also throw their low bits away."""
+    raw, w = _raw(64, 256, T.Q4_0, 11)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # the model's dtype, as the loader sets it while building layers
+    try:
+        head = ParallelLMHead(64, 256, quant_config=_Config())
+    finally:
+        torch.set_default_dtype(default)
+    _feed(head, (raw, T.Q4_0))
+    head.quant_method.process_weights_after_loading(head)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).bfloat16()
+    logits = head(x)
+    assert logits.dtype == torch.float32
+    assert not torch.equal(logits, logits.bfloat16().float())
+    torch.testing.assert_close(logits, F.linear(x.float(), w), atol=0.05, rtol=0.01)

@@ -41,9 +41,9 @@ class FloatWeight:
     def nbytes(self) -> int:
         return self.weight.nbytes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N]."""
-        return F.linear(x, self.weight)
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
+        return F.linear(x, self.weight).to(out_dtype or x.dtype)
 
 
 Kernel = Union[Int4Groupwise, Int8Groupwise, FloatWeight]
@@ -262,5 +262,7 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         table = layer.__dict__.get("gguf_table")
-        y = F.linear(x, table) if table is not None else layer.__dict__["gguf_head"].matmul(x)
+        # Logits leave the head in float32 (ParallelLMHead's contract): asked of the kernel, not rounded to x's dtype
+        # and back.
+        y = F.linear(x, table) if table is not None else layer.__dict__["gguf_head"].matmul(x, torch.float32)
         return y if bias is None else y + bias

@@ -49,8 +49,10 @@ def _vx_cpu_kernel(device: torch.device) -> QuantMatmulKernel | None:
     return kernel
 
 
-def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] in any float dtype through the float32 kernel, back in x's dtype (converting x costs M x K).
+def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torch.Tensor,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K] in any float dtype through the float32 kernel, back in `out_dtype` (default x's; converting x
+    costs M x K, the result M x N: an LM head that wants float32 logits asks for them, sparing two passes).
 
     A traced graph (compiled decode) calls the kernel as the opaque `vx::quant_matmul` operator; eager code calls
     it directly, without the dispatcher's few microseconds a call.
@@ -61,7 +63,7 @@ def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torc
                                       packed.int8_activations, packed.amx)
     else:
         y = kernel.matmul(x2, packed)
-    return y.to(x.dtype).reshape(*x.shape[:-1], packed.out_features)
+    return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], packed.out_features)
 
 
 def _check_groups(name: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> None:
@@ -105,10 +107,13 @@ class Int4Groupwise:
             return self._packed.nbytes
         return self._int4pack.nbytes + self._scales_and_zeros.nbytes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N], in x's dtype."""
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
         if self._vx is not None:
-            return _vx_cpu_matmul(self._vx, self._packed, x)
+            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
+        return self._torch_matmul(x).to(out_dtype or x.dtype)
+
+    def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         sz = self._scales_and_zeros
@@ -144,10 +149,13 @@ class Int8PerChannel:
             return self._packed.nbytes
         return self._q.nbytes + self._scale.nbytes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N], in x's dtype."""
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
         if self._vx is not None:
-            return _vx_cpu_matmul(self._vx, self._packed, x)
+            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
+        return self._torch_matmul(x).to(out_dtype or x.dtype)
+
+    def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == TORCH_BLOCKS:
             return _dequantized_blocks(x, self._q, self._scale[:, None], None, self.in_features)
         shape = x.shape[:-1]
@@ -181,11 +189,11 @@ class Int8Groupwise:
             return self._packed.nbytes
         return self._q.nbytes + self._scale.nbytes + self._zero.nbytes
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N], in x's dtype."""
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
         if self._vx is not None:
-            return _vx_cpu_matmul(self._vx, self._packed, x)
-        return _dequantized_blocks(x, self._q, self._scale, self._zero, self.group_size)
+            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
+        return _dequantized_blocks(x, self._q, self._scale, self._zero, self.group_size).to(out_dtype or x.dtype)
 
 
 def _dequantized_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
