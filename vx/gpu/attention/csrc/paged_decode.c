@@ -226,6 +226,104 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define HAVE_BF16_DOT 1
+#else
+#define HAVE_BF16_DOT 0
+#endif
+#if HAVE_BF16_DOT
+/* Lane t of the result: the sum of v[t]'s 16 lanes (a transposing tree: 45 shuffles and adds for 16 sums where
+ * one horizontal sum each would take ~128). */
+static inline __attribute__((always_inline)) __m512 sum16(const __m512 *v) {
+    __m512 x[8], y[4];
+    for (int i = 0; i < 8; i++) /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        x[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* per 128-bit lane: the four vectors' partial sums, in order */
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44), _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x88), _mm512_shuffle_f32x4(y[2], y[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+/* 16 bf16 -> 16 floats (a bf16 is a float's upper half). */
+static inline __attribute__((always_inline)) __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* `attend` for a bf16 model over its bf16 cache, head_dim a multiple of 32 (io and cache both bf16): the scores
+ * come from AVX512-BF16 dot products (bf16 pairs multiplied exactly and summed in float32) of the bf16 query with
+ * each key as stored, 16 tokens at a time summed by one tree; values are widened to float32 as they are read.
+ * Measured 720 -> 648 us a call against `attend` (128 sequences x 100 tokens, 9/3 heads of 64, 2 threads, AMX
+ * Xeon): the call is then near what the cores stream from memory (~9 GB/s on one thread against 14 for a plain
+ * sum), so more arithmetic saved buys little. */
+static inline __attribute__((always_inline)) void attend_bf16(
+        const uint16_t *restrict q16, float *restrict os, const uint8_t *k_cache, const uint8_t *v_cache,
+        const int32_t *blocks, int64_t len, int64_t first, int64_t group, const int64_t head_dim,
+        int64_t block_size, int64_t row_bytes, int64_t tok_stride, int64_t blk_stride, int64_t kh, float scale) {
+    enum { VD = MAX_DIM / 16 };
+    const int64_t nv = head_dim / 16, nq = head_dim / 32;
+    float m[MAX_GROUP], l[MAX_GROUP], p[MAX_GROUP][CHUNK];
+    __m512 acc[MAX_GROUP][VD];
+    for (int64_t g = 0; g < group; g++) {
+        m[g] = NEG_BIG;
+        l[g] = 0.f;
+        for (int64_t j = 0; j < nv; j++) acc[g][j] = _mm512_setzero_ps();
+    }
+    for (int64_t b = first / block_size; b * block_size < len; b++) {
+        const int64_t t0 = b * block_size > first ? 0 : first - b * block_size;
+        const int64_t t1 = (b + 1) * block_size <= len ? block_size : len - b * block_size;
+        const uint8_t *kb = k_cache + blocks[b] * blk_stride + kh * row_bytes;
+        const uint8_t *vb = v_cache + blocks[b] * blk_stride + kh * row_bytes;
+        for (int64_t c0 = t0; c0 < t1; c0 += CHUNK) {
+            const int64_t n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
+            for (int64_t g = 0; g < group; g++) {
+                const uint16_t *qg = q16 + g * head_dim;
+                __m512 dots[CHUNK];
+                for (int64_t t = 0; t < CHUNK; t++) {
+                    __m512 d = _mm512_setzero_ps();
+                    if (t < n) {
+                        const uint16_t *kt = (const uint16_t *)(kb + (c0 + t) * tok_stride);
+                        for (int64_t j = 0; j < nq; j++)
+                            d = _mm512_dpbf16_ps(d, (__m512bh)_mm512_loadu_si512(qg + 32 * j),
+                                                 (__m512bh)_mm512_loadu_si512(kt + 32 * j));
+                    }
+                    dots[t] = d;
+                }
+                const __m512 scores = _mm512_mul_ps(sum16(dots), _mm512_set1_ps(scale));
+                const __mmask16 live = (__mmask16)((1u << n) - 1u);
+                const float bmax = _mm512_mask_reduce_max_ps(live, scores);
+                const float new_m = bmax > m[g] ? bmax : m[g];
+                const float correction = expf(m[g] - new_m); /* 0 on the first chunk */
+                _mm512_storeu_ps(p[g], scores);
+                float bsum = 0.f;
+#pragma omp simd reduction(+ : bsum)
+                for (int64_t t = 0; t < CHUNK; t++) {
+                    p[g][t] = t < n ? expf(p[g][t] - new_m) : 0.f;
+                    bsum += p[g][t];
+                }
+                l[g] = l[g] * correction + bsum;
+                m[g] = new_m;
+                const __m512 c = _mm512_set1_ps(correction);
+                for (int64_t j = 0; j < nv; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], c);
+            }
+            for (int64_t t = 0; t < n; t++) {
+                const uint16_t *vt = (const uint16_t *)(vb + (c0 + t) * tok_stride);
+                __m512 vrow[VD];
+                for (int64_t j = 0; j < nv; j++) vrow[j] = bf16x16(vt + 16 * j);
+                for (int64_t g = 0; g < group; g++) {
+                    const __m512 w = _mm512_set1_ps(p[g][t]);
+                    for (int64_t j = 0; j < nv; j++) acc[g][j] = _mm512_fmadd_ps(w, vrow[j], acc[g][j]);
+                }
+            }
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 inv = _mm512_set1_ps(l[g] > 0.f ? 1.f / l[g] : 0.f);
+        for (int64_t j = 0; j < nv; j++) _mm512_storeu_ps(os + g * head_dim + 16 * j, _mm512_mul_ps(acc[g][j], inv));
+    }
+}
+#endif
+
 int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint8_t *k_cache, uint8_t *v_cache,
                     int64_t kv_kind, int64_t row_bytes, float tensor_scale_k, float tensor_scale_v,
                     const int32_t *block_table, int64_t bt_stride, const int32_t *seq_lens, int64_t num_seqs,
@@ -252,7 +350,12 @@ int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint
     /* Few tokens to read: the calling thread alone is done before a sleeping team would wake. */
     int64_t work = 0;
     for (int64_t s = 0; s < num_seqs; s++) work += seq_lens[s] * num_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (work >= min_parallel_work)
+    /* Enough sequences to share out: a thread takes all kv heads of a sequence at once, so that it reads each
+     * token's rows of every head (one stretch of memory) rather than one head's rows at the cache's stride, the
+     * other heads' lines then crossing to another core. Measured: 128 sequences x 100 tokens, 9/3 heads of 64,
+     * bf16, 2 threads: 648 -> 618 us a call. */
+    const int per_task = num_seqs >= 2 * (int64_t)num_threads ? (int)num_kv_heads : 1;
+#pragma omp parallel for schedule(dynamic, per_task) num_threads(num_threads) if (work >= min_parallel_work)
     for (int64_t task = 0; task < num_seqs * num_kv_heads; task++) {
         const int64_t s = task / num_kv_heads, kh = task % num_kv_heads;
         const int64_t len = seq_lens[s];
@@ -261,13 +364,15 @@ int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint
         const int64_t out_at = (out_rows ? out_rows[s] : s) * out_stride + kh * group * head_dim;
         const int64_t width = group * head_dim;
         float qbuf[MAX_GROUP * MAX_DIM], obuf[MAX_GROUP * MAX_DIM]; /* a bf16 model's rows, in float32 */
+        /* A bf16 model over its own cache: attend_bf16 reads the bf16 query as it is. */
+        const int bf16_dot = HAVE_BF16_DOT && kv_kind == KV_BF16 && io_kind == KV_BF16 && head_dim % 32 == 0;
         const float *qs;
         float *os;
         if (io_kind == KV_F32) {
             qs = (const float *)q + q_at;
             os = (float *)out + out_at;
         } else {
-            half_row_to_float((const uint16_t *)q + q_at, width, KV_BF16, qbuf);
+            if (!bf16_dot) half_row_to_float((const uint16_t *)q + q_at, width, KV_BF16, qbuf);
             qs = qbuf;
             os = obuf;
         }
@@ -282,6 +387,16 @@ int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint
         else if (head_dim == 128) ATTEND(KIND, 128);                                                               \
         else ATTEND(KIND, head_dim);                                                                               \
     } while (0)
+#if HAVE_BF16_DOT
+        if (bf16_dot) {
+            if (head_dim == 64)
+                attend_bf16((const uint16_t *)q + q_at, os, k_cache, v_cache, blocks, len, first, group, 64,
+                            block_size, row_bytes, tok_stride, blk_stride, kh, score_scale);
+            else
+                attend_bf16((const uint16_t *)q + q_at, os, k_cache, v_cache, blocks, len, first, group, head_dim,
+                            block_size, row_bytes, tok_stride, blk_stride, kh, score_scale);
+        } else
+#endif
         if (kv_kind == KV_FP8) ATTEND_KIND(KV_FP8);
         else if (kv_kind == KV_INT8) ATTEND_KIND(KV_INT8);
         else if (kv_kind == KV_BF16) ATTEND_KIND(KV_BF16);
