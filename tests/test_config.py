@@ -85,6 +85,7 @@ def test_cpu_scheduler_defaults_scale_with_the_cores(tiny_model_dir, monkeypatch
     from vx import platform
 
     monkeypatch.setattr(platform, "cpu_threads", lambda: cores)
+    monkeypatch.setattr(platform, "cpu_flags", lambda: ("avx2", "fma"))
     config = EngineArgs(model=tiny_model_dir, device="cpu").create_config(light=True)
     assert config.device_config.cpu_threads == cores
     sc = config.scheduler_config
@@ -93,6 +94,10 @@ def test_cpu_scheduler_defaults_scale_with_the_cores(tiny_model_dir, monkeypatch
     explicit = EngineArgs(model=tiny_model_dir, device="cpu", max_num_seqs=5,
                           max_num_batched_tokens=70).create_config(light=True).scheduler_config
     assert (explicit.max_num_seqs, explicit.max_num_batched_tokens) == (5, 70)
+    # AMX tiles keep larger batches faster: twice the sequences a core, the same cap.
+    monkeypatch.setattr(platform, "cpu_flags", lambda: ("avx512f", "amx_tile", "amx_bf16"))
+    amx = EngineArgs(model=tiny_model_dir, device="cpu").create_config(light=True).scheduler_config
+    assert amx.max_num_seqs == default_cpu_max_num_seqs(cores, amx=True) == min(256, 2 * seqs)
 
 
 def test_cpu_threads_default_to_the_available_cores(tiny_model_dir, monkeypatch):
@@ -103,7 +108,8 @@ def test_cpu_threads_default_to_the_available_cores(tiny_model_dir, monkeypatch)
     assert config.device_config.cpu_threads == platform.available_cpu_cores()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     config = EngineArgs(model=tiny_model_dir, device="cpu").create_config(light=True)
-    assert config.device_config.cpu_threads == 1 and config.scheduler_config.max_num_seqs == 32
+    amx = "amx_bf16" in platform.cpu_flags()
+    assert config.device_config.cpu_threads == 1 and config.scheduler_config.max_num_seqs == (64 if amx else 32)
 
 
 # ------------------------------------------------------------------------------- the config the engine receives
