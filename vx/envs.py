@@ -63,8 +63,8 @@ VX_CPU_MATMUL: EnvVar[str] = EnvVar(
     "activations times the dequantized weight: exact up to float rounding), `int8` (activations rounded to int8 "
     "per group of the weight, integer dot products: faster, each element off by at most half a step of its group, "
     "1/254 of the group's largest magnitude; llama.cpp's GGUF path rounds the same way) or `auto` (int8 where the "
-    "CPU has VNNI dot products, float elsewhere; on a CPU with AMX, products of 32 rows or more multiply on bf16 "
-    "tiles instead: the weight dequantized to bf16 per call, x rounded to bf16)")
+    "CPU has VNNI dot products, float elsewhere; on a CPU with AMX, a bf16 model's products of 32 rows or more multiply on bf16 "
+    "tiles instead: the weight dequantized to bf16 per call)")
 
 VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
     "VX_DECODE_COMPILE", "background", str,

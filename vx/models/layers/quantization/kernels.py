@@ -58,11 +58,14 @@ def _vx_cpu_matmul(kernel: QuantMatmulKernel, packed: PackedQuantWeight, x: torc
     it directly, without the dispatcher's few microseconds a call.
     """
     x2 = x.reshape(-1, packed.in_features).to(torch.float32)
+    # The AMX path rounds x to bf16: only a bf16 model's activations, which that leaves as they are (a float32 model
+    # keeps the int8 path's rounding, the same on every tensor-parallel rank as on the whole model).
+    amx = packed.amx and x.dtype == torch.bfloat16
     if torch_ops.tracing(x):
         y = torch.ops.vx.quant_matmul(x2, packed.q, packed.sz, packed.out_features, packed.group_size, packed.bits,
-                                      packed.int8_activations, packed.amx)
+                                      packed.int8_activations, amx)
     else:
-        y = kernel.matmul(x2, packed)
+        y = kernel.matmul(x2, packed, amx=None if amx else False)
     return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], packed.out_features)
 
 
