@@ -44,7 +44,7 @@ VX_CACHE_DIR: EnvVar[str] = EnvVar(
     "VX_CACHE_DIR", "~/.cache/vx", _path,
     "where vx keeps what it builds once: a GGUF file's config and tokenizer (`gguf-config/`; the weights stay in "
     "the file), a config.json's fields as transformers resolves them (`hf-config/`, so the engine process need not "
-    "import transformers) and compiled CPU kernels (`kernels/`)")
+    "import transformers), compiled CPU kernels (`kernels/`) and AOT-compiled CPU decode graphs (`decode-graphs/`)")
 
 VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "VX_CPU_KERNELS", "1", _switch,
@@ -71,6 +71,18 @@ VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
     "when the decode graphs are built: `background` (the CPU's compiled graphs, one batch size at a time while "
     "eager steps serve: size 1 at start-up, others when first needed; CUDA graphs are always captured at start-up), "
     "`startup` (all of them before the engine serves) or `off` (never: every step eager, as `enforce_eager=True`)")
+
+def _decode_graphs(value: str) -> str:
+    if value not in ("aoti", "inductor"):
+        raise ValueError(f"VX_DECODE_GRAPHS must be aoti or inductor, not {value!r}.")
+    return value
+
+
+VX_DECODE_GRAPHS: EnvVar[str] = EnvVar(
+    "VX_DECODE_GRAPHS", "aoti", _decode_graphs,
+    "how the CPU's decode graphs are compiled: `aoti` (AOTInductor, in a child process, cached in "
+    "`$VX_CACHE_DIR/decode-graphs/`; the engine loads the packages without importing the compiler, and falls back "
+    "to `inductor` if that fails) or `inductor` (torch.compile in the engine process)")
 
 VX_API_KEY: EnvVar[str | None] = EnvVar(
     "VX_API_KEY", "", _optional,

@@ -224,6 +224,9 @@ class DecodeGraphs:
         called without an active exception", from the compiler's C++ threads): so the exit itself waits for it
         (a finalizer registered with the thread). An engine process ends with os._exit, which needs no wait.
         """
+        cancel = getattr(self._capture, "cancel", None)
+        if cancel is not None:  # a compile in a child process can be cut short (`AotiGraphs`)
+            cancel()
         self._compiler.stop(wait)
 
     def _compile(self, size: int) -> None:

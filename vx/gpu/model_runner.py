@@ -13,7 +13,9 @@ from vx.distributed import ParallelGroups
 from vx.gpu.attention import get_attn_backend
 from vx import envs
 from vx.gpu.attention.backend import CommonAttentionMetadata
-from vx.gpu.decode_graphs import DecodeGraphs
+from vx.gpu.aoti_graphs import AotiGraphs, inductor_fallback
+from vx.gpu.decode_graphs import DecodeGraphs, _decode_forward, capture_sizes
+from vx.gpu.graph_capture import own_copy
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
 from vx.gpu.kv_cache import attention_layers, bind_kv_caches, bytes_per_block, layers_bytes_per_block
@@ -58,6 +60,7 @@ class ModelRunner:
             logits_soft_cap=config.model_config.attn_logits_soft_cap is not None)
         self.kv_caches: list[torch.Tensor] = []
         self.kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()  # empty: one group, every layer in full
+        self.num_kv_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None
 
     def load_model(self) -> None:
@@ -85,6 +88,7 @@ class ModelRunner:
         kind)."""
         assert self.model is not None, "load_model() first"
         self.kv_cache_groups = groups
+        self.num_kv_blocks = num_blocks
         self.kv_caches = bind_kv_caches(self.model, self.attn_backend, num_blocks, self.block_size,
                                         self.dtype, self.device, self.kv_cache_dtype, groups)
         self._init_decode_graphs()
@@ -101,8 +105,14 @@ class ModelRunner:
                 or not self.attn_backend.supports_decode_graphs(self.device.type)):
             return
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
-        self.decode_graphs = DecodeGraphs(self.model, self.config.scheduler_config.max_num_seqs, max_blocks,
-                                          self.device, num_kv_cache_groups=max(1, len(self.kv_cache_groups)))
+        max_num_seqs = self.config.scheduler_config.max_num_seqs
+        capture = None
+        if self.device.type == "cpu" and envs.VX_DECODE_GRAPHS.get() == "aoti":
+            forward = own_copy(_decode_forward, f"decode_forward_{id(self):x}")
+            capture = AotiGraphs(self.model, self.config, self.num_kv_blocks, self.kv_cache_groups, max_blocks,
+                                 inductor_fallback(forward, len(capture_sizes(max_num_seqs, "cpu"))))
+        self.decode_graphs = DecodeGraphs(self.model, max_num_seqs, max_blocks, self.device, capture=capture,
+                                          num_kv_cache_groups=max(1, len(self.kv_cache_groups)))
         # A CUDA capture takes milliseconds and must not overlap eager steps: always before serving.
         if when == "startup" or self.device.type == "cuda":
             self.decode_graphs.compile_now()
