@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -38,19 +39,34 @@ class DecodeStep(torch.nn.Module):
         return self.model(input_ids, positions, metadata[0] if self.num_groups == 1 else metadata)
 
 
-def register_plain_tensors(model: torch.nn.Module) -> int:
-    """Make every plain tensor attribute of the model's modules (quantized weights, KV caches) a non-persistent
-    buffer under the same name, so that the package names it by its module path (`aoti_graphs.named_tensors`), as
-    parameters are: export lifts plain tensors as anonymous constants (`_tensor_constantN` in the package) whose
-    order is the compiler's. The model is this process's own copy; how it computes does not change."""
-    count = 0
-    for module in model.modules():
-        for name, value in list(vars(module).items()):
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-                delattr(module, name)
-                module.register_buffer(name, value, persistent=False)
-                count += 1
-    return count
+def name_lifted_constants(program: Any, paths: dict[tuple, str]) -> dict[str, torch.Tensor]:
+    """Make the program's lifted tensor constants (plain tensors: quantized weights, KV caches) non-persistent
+    buffers named `vx_constant_N`, and return every weight-like input of the program by the name the package gives
+    it. Left as constants, the package would name them `_tensor_constantN` in the compiler's own order; buffers keep
+    their names."""
+    from torch.export.graph_signature import InputKind, InputSpec
+
+    by_name: dict[str, torch.Tensor] = {}
+    specs = program.graph_signature.input_specs
+    for i, spec in enumerate(specs):
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            store = program.state_dict if spec.target in program.state_dict else program.constants
+            by_name[spec.target] = store[spec.target]
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            name = f"vx_constant_{len(by_name)}"
+            tensor = program.constants.pop(spec.target)
+            program.constants[name] = tensor
+            specs[i] = InputSpec(kind=InputKind.BUFFER, arg=spec.arg, target=name, persistent=False)
+            by_name[name] = tensor
+    unknown = [name for name, t in by_name.items() if _key(t) not in paths]
+    if unknown:
+        raise RuntimeError(f"constants of the program that are no tensor of the model: {unknown[:5]}")
+    return by_name
+
+
+def _key(t: torch.Tensor) -> tuple:
+    """A tensor's identity as the package sees it (export may hand back another tensor object of the same data)."""
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
 def build_model(request: dict) -> tuple[torch.nn.Module, int]:
@@ -79,13 +95,14 @@ def build_model(request: dict) -> tuple[torch.nn.Module, int]:
 
 def compile_package(request: dict) -> dict:
     """Export and AOT-compile the decode step of `request["size"]`; the sidecar's content."""
-    from vx.gpu.aoti_graphs import MODEL_PREFIX, named_tensors
+    from vx.gpu.aoti_graphs import named_tensors
     from vx.gpu.decode_graphs import DecodeBuffers
 
     size = request["size"]
     model, num_groups = build_model(request)
-    register_plain_tensors(model)
-    tensors = named_tensors(model)
+    paths: dict[tuple, str] = {}
+    for path, tensor in named_tensors(model).items():
+        paths.setdefault(_key(tensor), path)
     step = DecodeStep(model, num_groups).eval()
     b = DecodeBuffers.allocate(size, request["max_blocks_per_seq"], torch.device("cpu"), num_groups)
     inputs = (b.input_ids, b.positions, b.seq_lens,
@@ -93,12 +110,7 @@ def compile_package(request: dict) -> dict:
     t0 = time.perf_counter()
     with torch.no_grad():
         program = torch.export.export(step, inputs, strict=False)  # static shapes: one package per size
-    # Anything export still lifted as an anonymous constant would get a name we cannot map: refuse.
-    # (Non-persistent buffers are among the program's constants too, by their own names.)
-    anonymous = [name for name, value in program.constants.items()
-                 if isinstance(value, torch.Tensor) and name.removeprefix(MODEL_PREFIX) not in tensors]
-    if anonymous:
-        raise RuntimeError(f"tensors reached other than as module attributes: {anonymous[:5]}")
+    by_name = name_lifted_constants(program, paths)
     from torch._inductor import aoti_compile_and_package
 
     # The package is written beside its final path and renamed: a reader sees a whole package or none.
@@ -117,11 +129,10 @@ def compile_package(request: dict) -> dict:
         wanted = loader.get_constant_fqns()
         constants = {}
         for fqn in wanted:
-            name = fqn.removeprefix(MODEL_PREFIX)
-            tensor = tensors.get(name) if fqn.startswith(MODEL_PREFIX) else None
+            tensor = by_name.get(fqn)
             if tensor is None:
-                raise RuntimeError(f"the package wants constant {fqn!r}, which is no tensor of the model")
-            constants[name] = describe(tensor)
+                raise RuntimeError(f"the package wants constant {fqn!r}, which the program does not have")
+            constants[fqn] = [paths[_key(tensor)], describe(tensor)]
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache's package from other users
         os.replace(tmp, out)
     finally:

@@ -41,21 +41,41 @@ from vx.gpu.graph_capture import GraphCapture, InductorGraphs
 logger = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when the package's inputs or the sidecar change
-MODEL_PREFIX = "model."  # the child's export wraps the model as `DecodeStep.model`
 CHILD_MODULE = "vx.gpu.aoti_compile"
 CHILD_TIMEOUT_S = 1800.0  # a size compiles in ~30 s on 2 cores (default model); far past that it is stuck
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor the model holds as a module attribute, by module path: parameters, buffers and plain tensor
-    attributes (quantized weights, KV caches). The child registers the plain ones as buffers before export, so the
-    package's constant names are these (prefixed with `MODEL_PREFIX`)."""
+    """Every tensor the model reaches from its modules, by a path: parameters and buffers by their names, plain
+    tensors by `module:attr` then `.attr` / `[i]` / `[key]` through lists, dicts and vx's own objects (quantized
+    weights live in kernel objects, KV caches are plain attributes). Deterministic for one model structure: the
+    child names the package's constants by these paths, the engine finds its tensors by them."""
     out = dict(model.named_parameters(remove_duplicate=False))
     out.update(model.named_buffers(remove_duplicate=False))
-    for path, module in model.named_modules(remove_duplicate=False):
+    seen: set[int] = set()
+
+    def visit(obj: Any, path: str, depth: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            out.setdefault(path, obj)
+            return
+        if depth > 6 or id(obj) in seen or isinstance(obj, torch.nn.Module):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            for i, x in enumerate(obj):
+                visit(x, f"{path}[{i}]", depth + 1)
+        elif isinstance(obj, dict):
+            for k, x in obj.items():
+                if isinstance(k, str):
+                    visit(x, f"{path}[{k}]", depth + 1)
+        elif type(obj).__module__.startswith("vx.") and hasattr(obj, "__dict__"):
+            for k, x in vars(obj).items():
+                visit(x, f"{path}.{k}", depth + 1)
+
+    for module_path, module in model.named_modules(remove_duplicate=False):
         for name, value in vars(module).items():
-            if isinstance(value, torch.Tensor):
-                out.setdefault(f"{path}.{name}" if path else name, value)
+            if name not in ("_parameters", "_buffers", "_modules"):
+                visit(value, f"{module_path}:{name}", 0)
     return out
 
 
@@ -190,15 +210,15 @@ class AotiGraphs:
         register_paged_decode_op()
         loader = torch._C._aoti.AOTIModelPackageLoader(package, "model", False, 1, -1)
         tensors = named_tensors(self._model)
-        expected = sidecar["constants"]
+        expected = sidecar["constants"]  # package name -> [path, description]
         constants = {}
         for fqn in loader.get_constant_fqns():
-            name = fqn.removeprefix(MODEL_PREFIX)
-            tensor = tensors.get(name) if fqn.startswith(MODEL_PREFIX) else None
-            if tensor is None or name not in expected:
-                raise RuntimeError(f"the package wants constant {fqn!r}, which this model does not have")
-            if _describe(tensor) != expected[name]:
-                raise RuntimeError(f"constant {name!r} is {_describe(tensor)} here, {expected[name]} in the package")
+            path, description = expected.get(fqn, (None, None))
+            tensor = tensors.get(path)
+            if tensor is None:
+                raise RuntimeError(f"the package wants constant {fqn!r} ({path}), which this model does not have")
+            if _describe(tensor) != description:
+                raise RuntimeError(f"constant {path!r} is {_describe(tensor)} here, {description} in the package")
             constants[fqn] = tensor
         # (constants, use_inactive, check_full_update, user_managed): the engine's tensors by reference.
         loader.load_constants(constants, False, True, True)
