@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,84 @@ def test_a_package_whose_constants_differ_is_refused(tiny_model_dir, monkeypatch
     assert capture.using_fallback and capture.children_run == 0
     assert "is [" in caplog.text and "in the package" in caplog.text
     assert [t[:10] for t in eager] == tokens
+
+
+def test_the_key_is_shared_by_engines_in_and_out_of_process_and_follows_what_the_code_bakes_in(tiny_model_dir):
+    """An in-process engine keeps a transformers config, an engine process receives its resolved fields: one key
+    for both (a `vx.LLM` and an `AsyncLLM` share packages). Scheduler limits and the seed change no package's code;
+    the dtype, the block size or the KV-cache size do."""
+    from vx.config import EngineArgs, decode_config, encode_config
+
+    def key(config, num_blocks=64):
+        return aoti_graphs.cache_key(config, num_blocks, (), 8, 2)
+
+    config = EngineArgs(model=tiny_model_dir, dtype="float32", device="cpu").create_config()
+    in_process = key(config)
+    assert key(decode_config(encode_config(config))) == in_process
+    same = EngineArgs(model=tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=3, seed=7,
+                      max_num_batched_tokens=512, grammar_compile_workers=1).create_config()
+    assert key(same) == in_process
+    assert key(config, num_blocks=65) != in_process
+    for other in ({"dtype": "bfloat16"}, {"block_size": 32}):
+        args = {"model": tiny_model_dir, "dtype": "float32", "device": "cpu", **other}
+        assert key(EngineArgs(**args).create_config()) != in_process, other
+
+
+_EXIT_WITHOUT_SHUTDOWN = """
+import sys, time
+import vx
+from vx.gpu import aoti_graphs
+aoti_graphs.CHILD_MODULE = "hung_compile"  # a child that never ends
+llm = vx.LLM(sys.argv[1], dtype="float32", device="cpu", max_num_seqs=1)
+deadline = time.monotonic() + 60
+while not open(sys.argv[2]).read() and time.monotonic() < deadline:  # the child has started
+    time.sleep(0.1)
+print("EXITING", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_an_interpreter_that_exits_mid_compile_kills_the_child_instead_of_waiting(tiny_model_dir, tmp_path):
+    """An application that never shuts its `vx.LLM` down exits while the batch-1 graph compiles in a child: the
+    exit kills the child and returns at once (in-process compiles must be waited for, a child need not)."""
+    pid_file = tmp_path / "child.pid"
+    pid_file.write_text("")
+    (tmp_path / "hung_compile.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    env = dict(os.environ, VX_DECODE_COMPILE="background", VX_CACHE_DIR=str(tmp_path / "cache"),
+               VX_DECODE_GRAPHS="aoti",
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", _EXIT_WITHOUT_SHUTDOWN, tiny_model_dir, str(pid_file)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "EXITING" in proc.stdout, proc.stderr[-3000:]
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_files_left_by_a_killed_compile_are_removed_once_no_compile_could_still_own_them(tmp_path):
+    """A request folder and a half-written package left by a killed engine go at the next compile under that key;
+    those of a compile that may still run (younger than twice the child's time limit) stay, as do packages."""
+    old_request, old_package = tmp_path / "tmp-request-x", tmp_path / "tmpab12.pt2"
+    old_request.mkdir()
+    (old_request / "request.json").write_text("{}")
+    old_package.write_bytes(b"half")
+    young = tmp_path / "tmpcd34.pt2"
+    young.write_bytes(b"being written")
+    package = tmp_path / "size1.pt2"
+    package.write_bytes(b"whole")
+    long_ago = time.time() - 2 * aoti_graphs.CHILD_TIMEOUT_S - 60
+    for path in (old_request, old_package, package):
+        os.utime(path, (long_ago, long_ago))
+    aoti_graphs._remove_stale_files(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["size1.pt2", "tmpcd34.pt2"]

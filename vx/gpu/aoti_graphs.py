@@ -23,10 +23,12 @@ import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -116,13 +118,25 @@ def _cpu_identity() -> str:
     return json.dumps([platform.machine(), torch.backends.cpu.get_cpu_capability(), fields], sort_keys=True)
 
 
+def graph_config(config: VxConfig) -> dict[str, Any]:
+    """The settings a package's code depends on. The HF config is not among them: it is read from the model files
+    (in the key by name, size and time), and its in-memory form differs between an in-process engine (a
+    transformers config) and an engine process (its resolved fields), which must share packages. Nor are the
+    scheduler's limits (the padded size is the package's own), the seed or the structured-output settings."""
+    mc, cc, dc = config.model_config, config.cache_config, config.device_config
+    return {"model": mc.model, "architecture": mc.architecture, "dtype": mc.dtype,
+            "max_model_len": mc.max_model_len, "vocab_size": mc.vocab_size, "block_size": cc.block_size,
+            "kv_cache_dtype": cc.kv_cache_dtype, "device": dc.device, "attention_backend": dc.attention_backend,
+            "quantization": config.quant_config.method}
+
+
 def cache_key(config: VxConfig, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...], max_blocks_per_seq: int,
               threads: int) -> str:
     """The digest of everything a package depends on, but the padded size (one package per size under a key)."""
     from vx import __version__
 
     parts = {
-        "format": FORMAT, "config": hashlib.sha256(encode_config(config)).hexdigest(),
+        "format": FORMAT, "config": graph_config(config),
         "model_files": _model_files(config.model_config.model), "num_blocks": num_blocks,
         "groups": msgspec.json.encode(groups).decode(), "max_blocks_per_seq": max_blocks_per_seq,
         "threads": threads, "env": [envs.VX_CPU_MATMUL.get(), envs.VX_CPU_KERNELS.get()],
@@ -150,9 +164,9 @@ class AotiGraphs:
         self._make_fallback = fallback
         self._fallback: GraphCapture | None = None
         self._graphs: dict[int, tuple[Any, list[torch.Tensor]]] = {}  # size -> (loader, its inputs)
-        self._child: subprocess.Popen | None = None
-        self._lock = threading.Lock()
-        self._cancelled = False
+        self._children = CompileChildren()
+        # A bound method of the small object only: a finalizer may hold it without holding the model alive.
+        self.cancel = self._children.cancel
         self.children_run = 0  # how many packages this engine had compiled (the rest came from the cache)
 
     def build(self, size: int, args: tuple[Any, ...]) -> None:
@@ -161,7 +175,7 @@ class AotiGraphs:
                 self._graphs[size] = (self._load(size, compile_if_missing=True), _inputs(args))
                 return
             except Exception as e:  # noqa: BLE001 - anything: this engine compiles in-process instead
-                if self._cancelled:
+                if self._children.cancelled:
                     raise
                 logger.warning("vx: the AOT-compiled decode graph of batch size %d is unavailable (%s: %s); this "
                                "engine compiles its decode graphs in-process instead", size, type(e).__name__, e)
@@ -174,13 +188,6 @@ class AotiGraphs:
             return self._fallback.run(size, args)
         loader, inputs = graph
         return loader.run(inputs)[0]
-
-    def cancel(self) -> None:
-        """Kill the child compiling now, if any (the engine shuts down): its size fails, nothing falls back."""
-        with self._lock:
-            self._cancelled = True
-            if self._child is not None:
-                self._child.kill()
 
     @property
     def using_fallback(self) -> bool:
@@ -227,7 +234,8 @@ class AotiGraphs:
     def _compile(self, size: int) -> None:
         """Run the child that writes `size`'s package; raises if it fails or outlives `CHILD_TIMEOUT_S`."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.directory) as tmp:
+        _remove_stale_files(self.directory)
+        with tempfile.TemporaryDirectory(dir=self.directory, prefix="tmp-request-") as tmp:
             config_path = os.path.join(tmp, "config.msgpack")
             with open(config_path, "wb") as f:
                 f.write(encode_config(self._config))
@@ -239,24 +247,57 @@ class AotiGraphs:
                 json.dump(request, f)
             log_path = self.directory / f"size{size}.log"
             with open(log_path, "w") as log:
-                with self._lock:
-                    if self._cancelled:
-                        raise RuntimeError("cancelled")
-                    self._child = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, request_path],
-                                                   env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
-                                                   stderr=subprocess.STDOUT)
                 self.children_run += 1
-                try:
-                    rc = self._child.wait(timeout=CHILD_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    self._child.kill()
-                    self._child.wait()
-                    raise RuntimeError(f"the compile child ran past {CHILD_TIMEOUT_S:.0f} s (log: {log_path})")
-                finally:
-                    with self._lock:
-                        self._child = None
+                rc = self._children.run([sys.executable, "-m", CHILD_MODULE, request_path], log)
+            if rc is None:
+                raise RuntimeError(f"the compile child ran past {CHILD_TIMEOUT_S:.0f} s (log: {log_path})")
             if rc != 0:
                 raise RuntimeError(f"the compile child exited with {rc}: {_tail(log_path)} (log: {log_path})")
+
+
+class CompileChildren:
+    """The compile child of one engine, one at a time, and the switch that kills it when the engine shuts down."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None
+        self.cancelled = False
+
+    def run(self, argv: list[str], log: Any) -> int | None:
+        """Run `argv` to its end; its exit code, or None when it ran past `CHILD_TIMEOUT_S` (then killed)."""
+        with self._lock:
+            if self.cancelled:
+                raise RuntimeError("the engine shut down")
+            self._child = child = subprocess.Popen(argv, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
+                                                   stderr=subprocess.STDOUT)
+        try:
+            return child.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            return None
+        finally:
+            with self._lock:
+                self._child = None
+
+    def cancel(self) -> None:
+        """Kill the running child, if any, and start no other (the engine shuts down or its interpreter exits)."""
+        with self._lock:
+            self.cancelled = True
+            if self._child is not None:
+                self._child.kill()
+
+
+def _remove_stale_files(directory: Path) -> None:
+    """Drop what a killed engine or child left in `directory` (request folders, half-written packages): whatever
+    is older than any compile can run, so a compile still running for another engine keeps its files."""
+    deadline = time.time() - 2 * CHILD_TIMEOUT_S
+    for path in directory.glob("tmp*"):
+        try:
+            if path.stat().st_mtime < deadline:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        except OSError:
+            pass  # another engine removed it first
 
 
 def _inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:

@@ -141,10 +141,17 @@ class DecodeBuffers:
         return per_group[0] if len(per_group) == 1 else per_group
 
 
-def _decode_forward(model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+def decode_forward(model: torch.nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
                     attn_metadata: DecodeGraphMetadata) -> torch.Tensor:
     """What a graph computes: the model's forward on a decode batch (compiled once per size)."""
     return model(input_ids, positions, attn_metadata)
+
+
+def _stop_compiler(compiler: _CompilerThread, cancel: Callable[[], None] | None, wait: bool = True) -> None:
+    """Stop `compiler`, first killing a compile that runs in a child process (`cancel`, when the capture has one)."""
+    if cancel is not None:
+        cancel()
+    compiler.stop(wait)
 
 
 class DecodeGraphs:
@@ -157,7 +164,7 @@ class DecodeGraphs:
         self.device = device
         self.sizes = capture_sizes(max_num_seqs, device.type)
         self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, device, num_kv_cache_groups)
-        forward = own_copy(_decode_forward, f"decode_forward_{id(self):x}")
+        forward = own_copy(decode_forward, f"decode_forward_{id(self):x}")
         if capture is None:
             capture = CudaGraphs(forward) if device.type == "cuda" else InductorGraphs(forward, len(self.sizes))
         self._capture = capture
@@ -169,8 +176,9 @@ class DecodeGraphs:
         self._last_step = 0.0  # time.monotonic() when the last step ended
         graphs = weakref.ref(self)  # the compiler must not hold these graphs (and the model) alive
         self._compiler = _CompilerThread(lambda: (g := graphs()) is None or g.idle())
-        # Runs at interpreter exit too, if nobody shut the engine down.
-        weakref.finalize(self, self._compiler.stop, True)
+        # Runs at interpreter exit too, if nobody shut the engine down; a compile in a child process is killed
+        # rather than waited for (`AotiGraphs.cancel`, which holds no reference to the model).
+        weakref.finalize(self, _stop_compiler, self._compiler, getattr(capture, "cancel", None))
         self.compile_seconds: dict[int, float] = {}
         self.steps_run: dict[int, int] = {}  # size -> decode steps it served
 
@@ -224,10 +232,7 @@ class DecodeGraphs:
         called without an active exception", from the compiler's C++ threads): so the exit itself waits for it
         (a finalizer registered with the thread). An engine process ends with os._exit, which needs no wait.
         """
-        cancel = getattr(self._capture, "cancel", None)
-        if cancel is not None:  # a compile in a child process can be cut short (`AotiGraphs`)
-            cancel()
-        self._compiler.stop(wait)
+        _stop_compiler(self._compiler, getattr(self._capture, "cancel", None), wait)
 
     def _compile(self, size: int) -> None:
         """Compile the graph of `size` by running it once on padding rows only (they touch the null block alone)."""

@@ -14,7 +14,7 @@ from vx.gpu.attention import get_attn_backend
 from vx import envs
 from vx.gpu.attention.backend import CommonAttentionMetadata
 from vx.gpu.aoti_graphs import AotiGraphs, inductor_fallback
-from vx.gpu.decode_graphs import DecodeGraphs, _decode_forward, capture_sizes
+from vx.gpu.decode_graphs import DecodeGraphs, decode_forward, capture_sizes
 from vx.gpu.graph_capture import own_copy
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
@@ -108,7 +108,7 @@ class ModelRunner:
         max_num_seqs = self.config.scheduler_config.max_num_seqs
         capture = None
         if self.device.type == "cpu" and envs.VX_DECODE_GRAPHS.get() == "aoti":
-            forward = own_copy(_decode_forward, f"decode_forward_{id(self):x}")
+            forward = own_copy(decode_forward, f"decode_forward_{id(self):x}")
             capture = AotiGraphs(self.model, self.config, self.num_kv_blocks, self.kv_cache_groups, max_blocks,
                                  inductor_fallback(forward, len(capture_sizes(max_num_seqs, "cpu"))))
         self.decode_graphs = DecodeGraphs(self.model, max_num_seqs, max_blocks, self.device, capture=capture,
