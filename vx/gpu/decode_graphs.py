@@ -11,8 +11,10 @@ Inputs live in persistent buffers (`DecodeBuffers`): a step copies its rows in a
 them, which is what a CUDA graph needs and costs the CPU nothing. Attention inputs reach the graph as
 `DecodeGraphMetadata`, tensors only, so a graph never depends on a step's Python numbers.
 
-How a size's graph is made is `vx.gpu.graph_capture`'s: compiled by inductor on the CPU, captured as a CUDA graph
-on CUDA. On the CPU, compiling a graph takes 10-45 s on 2 cores (less when inductor's on-disk cache has it), so it
+How a size's graph is made is the capture's: on the CPU AOT-compiled by AOTInductor in a child process and loaded
+without the compiler (`vx.gpu.aoti_graphs`, the default: the engine's RSS stays ~200 MiB lower), or compiled by
+inductor in the engine (`vx.gpu.graph_capture`, `VX_DECODE_GRAPHS=inductor` and the fallback); captured as a CUDA
+graph on CUDA. On the CPU, compiling a graph takes 10-45 s on 2 cores (less when inductor's on-disk cache has it), so it
 happens in the background, one size at a time, while eager steps serve (start-up and first token are not
 delayed): size 1 at start-up (one stream is the first thing an embedded engine meets), every other size the first
 time a step needs it. A queued size waits until the engine is idle (no step for `IDLE_BEFORE_COMPILE_S`): a

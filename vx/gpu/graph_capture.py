@@ -5,6 +5,8 @@ graph of one size from a call on the persistent buffers' views, and runs it agai
 
 - `InductorGraphs`: one `torch.compile`d function; a size is built by calling it at that size (dynamo compiles
   one entry per size), and run by calling it again.
+- (`vx.gpu.aoti_graphs.AotiGraphs`, the CPU's default: the same graph AOT-compiled in a child process and loaded
+  as a package, so the engine never imports the compiler.)
 - `CudaGraphs`: one `torch.cuda.CUDAGraph` per size, captured after an eager warm-up (Triton kernels compile and
   lazy state is created outside the capture), all sizes sharing one memory pool; a run replays the graph, which
   reads the buffers where they are and writes the same output tensor each time. Decode on a big GPU is bound by
