@@ -51,14 +51,17 @@ VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`; "
     "quantized weights multiply through torch's slower ops")
 
-def _cpu_matmul(value: str) -> str:
-    if value not in ("auto", "float", "int8"):
-        raise ValueError(f"VX_CPU_MATMUL must be auto, float or int8, not {value!r}.")
-    return value
+def _one_of(name: str, *choices: str) -> Callable[[str], str]:
+    """A parser that accepts only `choices` (the variable's value as given)."""
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"{name} must be {', '.join(choices[:-1])} or {choices[-1]}, not {value!r}.")
+        return value
+    return parse
 
 
 VX_CPU_MATMUL: EnvVar[str] = EnvVar(
-    "VX_CPU_MATMUL", "auto", _cpu_matmul,
+    "VX_CPU_MATMUL", "auto", _one_of("VX_CPU_MATMUL", "auto", "float", "int8"),
     "how vx's C kernel multiplies quantized weights on the CPU, chosen when a weight is loaded: `float` (float32 "
     "activations times the dequantized weight: exact up to float rounding), `int8` (activations rounded to int8 "
     "per group of the weight, integer dot products: faster, each element off by at most half a step of its group, "
@@ -72,14 +75,8 @@ VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
     "eager steps serve: size 1 at start-up, others when first needed; CUDA graphs are always captured at start-up), "
     "`startup` (all of them before the engine serves) or `off` (never: every step eager, as `enforce_eager=True`)")
 
-def _decode_graphs(value: str) -> str:
-    if value not in ("aoti", "inductor"):
-        raise ValueError(f"VX_DECODE_GRAPHS must be aoti or inductor, not {value!r}.")
-    return value
-
-
 VX_DECODE_GRAPHS: EnvVar[str] = EnvVar(
-    "VX_DECODE_GRAPHS", "aoti", _decode_graphs,
+    "VX_DECODE_GRAPHS", "aoti", _one_of("VX_DECODE_GRAPHS", "aoti", "inductor"),
     "how the CPU's decode graphs are compiled: `aoti` (AOTInductor, in a child process, cached in "
     "`$VX_CACHE_DIR/decode-graphs/`; the engine loads the packages without importing the compiler, and falls back "
     "to `inductor` if that fails) or `inductor` (torch.compile in the engine process)")
