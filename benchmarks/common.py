@@ -413,16 +413,26 @@ def parse_int_list(text: str) -> list[int]:
     return values
 
 
-def add_model_args(ap: Any, default_model: str = "default") -> None:
-    """The options every model-running benchmark shares: --model, --dtype, --device, --seed."""
+def add_model_args(ap: Any, default_model: str = "default", default_dtype: str = "float32") -> None:
+    """The options every model-running benchmark shares: --model, --dtype, --device, --seed. `--dtype auto` is
+    vx's own choice for the device (`resolve_bench_dtype`)."""
     ap.add_argument("--model", default=default_model,
                     help=f"one of {', '.join(MODEL_CHOICES)}, or a Hugging Face model directory "
                          f"(default: {default_model})")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default=default_dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                    help=f"(default: {default_dtype}; auto: vx's choice for the device, bfloat16 on a CPU with AMX "
+                         "or AVX512-BF16, else float32)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0, help="workload seed")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads, here and in engine processes (default: torch's choice)")
+
+
+def resolve_bench_dtype(dtype: str, device: str) -> str:
+    """`auto` -> the dtype vx's `dtype="auto"` picks on `device` (for every engine of the run, HF's included)."""
+    from vx.platform import resolve_dtype
+
+    return resolve_dtype(dtype, device, None)
 
 
 def resolve_device(device: str) -> str:

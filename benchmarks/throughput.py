@@ -12,7 +12,9 @@ arrival order in batches of `--hf-batch-size` (left padding); a batch runs until
 (min_new_tokens = max_new_tokens = the batch's largest output length), and only each request's own output
 length counts as useful tokens: the rest is the price of static batching. Without `--hf-batch-size`, each of
 `--hf-batch-sizes` is tried on the first requests (outputs capped at `--hf-probe-tokens`) and the fastest
-is used. Prints useful tokens/s of each, the ratio vx / HF, and vx's fraction of the decode roofline.
+is used. Both run in one dtype: `--dtype` (default `auto`, what vx's `dtype="auto"` picks here: bfloat16 on a
+CPU with AMX or AVX512-BF16, else float32). Prints useful tokens/s of each, the ratio vx / HF, and vx's fraction
+of the decode roofline.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ if __package__ in (None, ""):
 
 from benchmarks.common import (Table, Workload, add_model_args, load_hf_causal_lm, make_workload, model_label,
                                parse_int_list, prompt_token_range, quiet_logs, ratio, resolve_bench_model,
-                               resolve_device, set_threads)
+                               resolve_bench_dtype, resolve_device, set_threads)
 
 
 @dataclass
@@ -134,7 +136,7 @@ class HFRunner:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="vx bench throughput", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(ap)
+    add_model_args(ap, default_dtype="auto")
     ap.add_argument("--num-requests", type=int, default=128)
     ap.add_argument("--min-prompt-len", type=int, default=16)
     ap.add_argument("--max-prompt-len", type=int, default=512)
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_logs()
     set_threads(args.threads)
     device = resolve_device(args.device)
+    args.dtype = resolve_bench_dtype(args.dtype, device)
     model_dir = resolve_bench_model(args.model)
     wl = make_workload(args.num_requests, (args.min_prompt_len, args.max_prompt_len),
                        (args.min_output_len, args.max_output_len), prompt_token_range(model_dir), args.seed)

@@ -194,6 +194,35 @@ def test_an_interpreter_that_exits_mid_compile_kills_the_child_instead_of_waitin
     assert not _alive(child)
 
 
+def test_a_shutdown_mid_compile_kills_the_child_without_a_warning(tiny_model_dir, monkeypatch, tmp_path, caplog):
+    """Shutting an engine down while its batch-1 graph compiles in a child kills the child: nothing failed, so no
+    "compiling ... failed" or fallback warning (a benchmark printed one after every engine it closed)."""
+    pid_file = tmp_path / "child.pid"
+    pid_file.write_text("")
+    (tmp_path / "hung_compile.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("VX_DECODE_COMPILE", "background")
+    monkeypatch.setenv("VX_DECODE_GRAPHS", "aoti")
+    monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(aoti_graphs, "CHILD_MODULE", "hung_compile")
+    with caplog.at_level(logging.DEBUG, logger="vx.gpu"):
+        llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=1)
+        try:
+            deadline = time.monotonic() + 60
+            while not pid_file.read_text() and time.monotonic() < deadline:  # the child has started
+                time.sleep(0.1)
+            child = int(pid_file.read_text())
+        finally:
+            llm.shutdown()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not _alive(child)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "stopped: the engine shuts down" in caplog.text
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -38,7 +38,7 @@ import torch
 from vx import envs
 from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.config import VxConfig, encode_config
-from vx.gpu.graph_capture import GraphCapture, InductorGraphs
+from vx.gpu.graph_capture import CompileCancelled, GraphCapture, InductorGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class AotiGraphs:
                 return
             except Exception as e:  # noqa: BLE001 - anything: this engine compiles in-process instead
                 if self._children.cancelled:
-                    raise
+                    raise e if isinstance(e, CompileCancelled) else CompileCancelled(str(e)) from e
                 logger.warning("vx: the AOT-compiled decode graph of batch size %d is unavailable (%s: %s); this "
                                "engine compiles its decode graphs in-process instead", size, type(e).__name__, e)
                 self._fallback = self._make_fallback()
@@ -249,6 +249,8 @@ class AotiGraphs:
             with open(log_path, "w") as log:
                 self.children_run += 1
                 rc = self._children.run([sys.executable, "-m", CHILD_MODULE, request_path], log)
+            if self._children.cancelled:
+                raise CompileCancelled(f"the engine shut down while batch size {size} compiled")
             if rc is None:
                 raise RuntimeError(f"the compile child ran past {CHILD_TIMEOUT_S:.0f} s (log: {log_path})")
             if rc != 0:
@@ -267,7 +269,7 @@ class CompileChildren:
         """Run `argv` to its end; its exit code, or None when it ran past `CHILD_TIMEOUT_S` (then killed)."""
         with self._lock:
             if self.cancelled:
-                raise RuntimeError("the engine shut down")
+                raise CompileCancelled("the engine shut down")
             self._child = child = subprocess.Popen(argv, env=_child_env(), stdin=subprocess.DEVNULL, stdout=log,
                                                    stderr=subprocess.STDOUT)
         try:

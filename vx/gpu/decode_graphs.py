@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from vx.gpu.attention.backend import DecodeGraphMetadata
-from vx.gpu.graph_capture import CudaGraphs, GraphCapture, InductorGraphs, own_copy
+from vx.gpu.graph_capture import CompileCancelled, CudaGraphs, GraphCapture, InductorGraphs, own_copy
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +244,9 @@ class DecodeGraphs:
         try:
             with torch.inference_mode():
                 self._capture.build(size, self._args(size))
+        except CompileCancelled:  # the engine shuts down: nothing failed
+            logger.debug("vx: compiling the decode graph of batch size %d stopped: the engine shuts down", size)
+            return
         except Exception as e:  # noqa: BLE001 - that size stays eager, the engine goes on
             logger.warning("vx: compiling the decode graph of batch size %d failed (%s: %s); that size runs "
                            "eagerly", size, type(e).__name__, e)

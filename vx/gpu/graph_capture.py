@@ -25,6 +25,10 @@ Forward = Callable[..., torch.Tensor]
 CaptureFn = Callable[[Forward, tuple[Any, ...], Any], tuple[Callable[[], Any], torch.Tensor]]
 
 
+class CompileCancelled(RuntimeError):
+    """A graph's build was stopped because its engine shuts down: nothing failed, so nothing to warn about."""
+
+
 class GraphCapture(Protocol):
     """Builds and runs the graph of each padded batch size on the persistent buffers' views."""
 
