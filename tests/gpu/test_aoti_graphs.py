@@ -247,3 +247,20 @@ def test_files_left_by_a_killed_compile_are_removed_once_no_compile_could_still_
         os.utime(path, (long_ago, long_ago))
     aoti_graphs._remove_stale_files(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["size1.pt2", "tmpcd34.pt2"]
+
+
+def test_key_folders_unused_for_a_month_are_removed_and_a_load_marks_a_key_used(tmp_path):
+    """Every upgrade of vx or torch makes new keys: folders no engine loaded from or compiled into for
+    `UNUSED_KEY_DAYS` go at the next compile, the others stay."""
+    root = tmp_path / "decode-graphs"
+    old, recent, used = root / "old-key", root / "recent-key", root / "used-key"
+    for key in (old, recent, used):
+        key.mkdir(parents=True)
+        (key / "size1.pt2").write_bytes(b"package")
+    month = aoti_graphs.UNUSED_KEY_DAYS * 86400.0
+    for key, age in ((old, month + 3600), (recent, month - 3600), (used, month + 3600)):
+        os.utime(key, (time.time() - age, time.time() - age))
+    aoti_graphs._mark_used(used)
+    aoti_graphs._remove_unused_keys(root, month)
+    assert sorted(p.name for p in root.iterdir()) == ["recent-key", "used-key"]
+    assert (used / "size1.pt2").read_bytes() == b"package"

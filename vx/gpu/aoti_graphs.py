@@ -12,7 +12,8 @@ Packages are cached under `$VX_CACHE_DIR/decode-graphs/KEY/`, KEY a digest of ev
 shapes (model, dtype, KV cache blocks and layout, blocks per sequence, padded size), the code (torch, vx's
 sources), the CPU and the thread count. Loading hands over tensors unchecked, so a package is also refused when a
 constant it wants is not the engine's tensor of that name, shape, strides and dtype. Should anything fail (child,
-load, check), this engine falls back to `InductorGraphs` with a warning.
+load, check), this engine falls back to `InductorGraphs` with a warning. Keys no engine used for
+`UNUSED_KEY_DAYS` are removed when a package is compiled.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ logger = logging.getLogger(__name__)
 FORMAT = 1  # bump when the package's inputs or the sidecar change
 CHILD_MODULE = "vx.gpu.aoti_compile"
 CHILD_TIMEOUT_S = 1800.0  # a size compiles in ~30 s on 2 cores (default model); far past that it is stuck
+# A key no engine has used for this long goes at the next compile (another vx, torch, model or cache size made
+# it; ~2 MB a size): the cache must not grow with every upgrade. An engine that uses a key marks it used.
+UNUSED_KEY_DAYS = 30.0
 
 
 def named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -229,12 +233,14 @@ class AotiGraphs:
             constants[fqn] = tensor
         # (constants, use_inactive, check_full_update, user_managed): the engine's tensors by reference.
         loader.load_constants(constants, False, True, True)
+        _mark_used(self.directory)
         return loader
 
     def _compile(self, size: int) -> None:
         """Run the child that writes `size`'s package; raises if it fails or outlives `CHILD_TIMEOUT_S`."""
         self.directory.mkdir(parents=True, exist_ok=True)
         _remove_stale_files(self.directory)
+        _remove_unused_keys(self.directory.parent, UNUSED_KEY_DAYS * 86400.0)
         with tempfile.TemporaryDirectory(dir=self.directory, prefix="tmp-request-") as tmp:
             config_path = os.path.join(tmp, "config.msgpack")
             with open(config_path, "wb") as f:
@@ -300,6 +306,24 @@ def _remove_stale_files(directory: Path) -> None:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         except OSError:
             pass  # another engine removed it first
+
+
+def _mark_used(directory: Path) -> None:
+    try:
+        os.utime(directory)
+    except OSError:
+        pass  # a read-only cache: its keys are never pruned by this engine either
+
+
+def _remove_unused_keys(root: Path, unused_s: float) -> None:
+    """Remove the key folders under `root` that no engine used or wrote in the last `unused_s` seconds."""
+    deadline = time.time() - unused_s
+    for directory in root.iterdir():
+        try:
+            if directory.is_dir() and directory.stat().st_mtime < deadline:
+                shutil.rmtree(directory)
+        except OSError:
+            pass  # another engine removed it first, or it is not ours to remove
 
 
 def _inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
