@@ -125,10 +125,10 @@ def step_breakdown(engine: Any, steps: int) -> dict[str, float]:
                 spent[key] += time.perf_counter() - t0
         return call
 
-    def matmul(self: Any, x: Any, w: Any) -> Any:
+    def matmul(self: Any, x: Any, w: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         try:
-            return plain_matmul(self, x, w)
+            return plain_matmul(self, x, w, *args, **kwargs)
         finally:
             if not in_head[0]:
                 spent["matmul"] += time.perf_counter() - t0
