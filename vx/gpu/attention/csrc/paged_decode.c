@@ -157,6 +157,19 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
  * in place; any other is first decoded into a small float buffer, once for all the query heads of the group.
  * Then each head runs through the chunk with its query and its accumulator held in registers: scores, the online
  * softmax update, the weighted values. */
+/* Ask for a block's keys and values (every kv head's rows: 2 x blk_stride bytes) ahead of their use. Without it a
+ * task stalls on each block: a sequence's blocks lie apart in the pool, each a few KB, too short for the hardware's
+ * stream prefetcher to get going. Measured (30 layers' bf16 caches cold, 128 sequences x 96 tokens, 9/3 heads of 64,
+ * 2 threads, AMX Xeon): 31 -> 21 ms for the 30 calls, 9 -> 14 GB/s; 32 x 512: 42 -> 28 ms; float32 1.3x. */
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *k_cache, const uint8_t *v_cache,
+                                                                 int32_t block, int64_t blk_stride) {
+    const uint8_t *k = k_cache + block * blk_stride, *v = v_cache + block * blk_stride;
+    for (int64_t off = 0; off < blk_stride; off += 64) {
+        __builtin_prefetch(k + off, 0, 3);
+        __builtin_prefetch(v + off, 0, 3);
+    }
+}
+
 #define CHUNK 16
 static inline __attribute__((always_inline)) void attend(
         const float *restrict qs, float *restrict os, const uint8_t *k_cache, const uint8_t *v_cache,
@@ -174,6 +187,8 @@ static inline __attribute__((always_inline)) void attend(
         const int64_t t1 = (b + 1) * block_size <= len ? block_size : len - b * block_size;
         const uint8_t *kb = k_cache + blocks[b] * blk_stride + kh * row_bytes;
         const uint8_t *vb = v_cache + blocks[b] * blk_stride + kh * row_bytes;
+        /* The next block, by the first kv head's task: those of the other heads then find it in cache. */
+        if (kh == 0 && (b + 1) * block_size < len) prefetch_block(k_cache, v_cache, blocks[b + 1], blk_stride);
         for (int64_t c0 = t0; c0 < t1; c0 += CHUNK) {
             const int64_t n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
             const float *kf, *vf;
@@ -274,6 +289,8 @@ static inline __attribute__((always_inline)) void attend_bf16(
         const int64_t t1 = (b + 1) * block_size <= len ? block_size : len - b * block_size;
         const uint8_t *kb = k_cache + blocks[b] * blk_stride + kh * row_bytes;
         const uint8_t *vb = v_cache + blocks[b] * blk_stride + kh * row_bytes;
+        /* The next block, by the first kv head's task: those of the other heads then find it in cache. */
+        if (kh == 0 && (b + 1) * block_size < len) prefetch_block(k_cache, v_cache, blocks[b + 1], blk_stride);
         for (int64_t c0 = t0; c0 < t1; c0 += CHUNK) {
             const int64_t n = t1 - c0 < CHUNK ? t1 - c0 : CHUNK;
             for (int64_t g = 0; g < group; g++) {
@@ -377,6 +394,9 @@ int vx_paged_decode(const void *q, int64_t q_stride, const int64_t *q_rows, uint
             os = obuf;
         }
         const int32_t *blocks = block_table + s * bt_stride;
+        /* The first block of the sequence this thread likely takes next (the other thread takes s + 1). */
+        if (kh == 0 && s + 2 < num_seqs && seq_lens[s + 2] > 0)
+            prefetch_block(k_cache, v_cache, block_table[(s + 2) * bt_stride], blk_stride);
 /* Every (kind, head_dim) pair the dispatch names gets its own fully specialised copy of attend. */
 #define ATTEND(KIND, DIM)                                                                                          \
     attend(qs, os, k_cache, v_cache, blocks, len, first, group, DIM, KIND, block_size, row_bytes, tok_stride,     \
