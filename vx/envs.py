@@ -44,7 +44,8 @@ VX_CACHE_DIR: EnvVar[str] = EnvVar(
     "VX_CACHE_DIR", "~/.cache/vx", _path,
     "where vx keeps what it builds once: a GGUF file's config and tokenizer (`gguf-config/`; the weights stay in "
     "the file), a config.json's fields as transformers resolves them (`hf-config/`, so the engine process need not "
-    "import transformers), compiled CPU kernels (`kernels/`) and AOT-compiled CPU decode graphs (`decode-graphs/`)")
+    "import transformers), compiled CPU kernels (`kernels/`) and AOT-compiled CPU decode graphs (`decode-graphs/`; "
+    "a key no engine used for 30 days is removed at the next compile)")
 
 VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "VX_CPU_KERNELS", "1", _switch,
