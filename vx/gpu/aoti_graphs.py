@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import msgspec
 import torch
@@ -179,8 +179,8 @@ class AotiGraphs:
                 self._graphs[size] = (self._load(size, compile_if_missing=True), _inputs(args))
                 return
             except Exception as e:  # noqa: BLE001 - anything: this engine compiles in-process instead
-                if self._children.cancelled:
-                    raise e if isinstance(e, CompileCancelled) else CompileCancelled(str(e)) from e
+                if self._children.cancelled:  # the engine shuts down: whatever broke, nothing failed
+                    raise CompileCancelled(f"the engine shut down while batch size {size} was built ({e})") from e
                 logger.warning("vx: the AOT-compiled decode graph of batch size %d is unavailable (%s: %s); this "
                                "engine compiles its decode graphs in-process instead", size, type(e).__name__, e)
                 self._fallback = self._make_fallback()
@@ -255,8 +255,6 @@ class AotiGraphs:
             with open(log_path, "w") as log:
                 self.children_run += 1
                 rc = self._children.run([sys.executable, "-m", CHILD_MODULE, request_path], log)
-            if self._children.cancelled:
-                raise CompileCancelled(f"the engine shut down while batch size {size} compiled")
             if rc is None:
                 raise RuntimeError(f"the compile child ran past {CHILD_TIMEOUT_S:.0f} s (log: {log_path})")
             if rc != 0:
@@ -299,13 +297,7 @@ class CompileChildren:
 def _remove_stale_files(directory: Path) -> None:
     """Drop what a killed engine or child left in `directory` (request folders, half-written packages): whatever
     is older than any compile can run, so a compile still running for another engine keeps its files."""
-    deadline = time.time() - 2 * CHILD_TIMEOUT_S
-    for path in directory.glob("tmp*"):
-        try:
-            if path.stat().st_mtime < deadline:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-        except OSError:
-            pass  # another engine removed it first
+    _remove_older_than(directory.glob("tmp*"), time.time() - 2 * CHILD_TIMEOUT_S)
 
 
 def _mark_used(directory: Path) -> None:
@@ -317,13 +309,17 @@ def _mark_used(directory: Path) -> None:
 
 def _remove_unused_keys(root: Path, unused_s: float) -> None:
     """Remove the key folders under `root` that no engine used or wrote in the last `unused_s` seconds."""
-    deadline = time.time() - unused_s
-    for directory in root.iterdir():
+    _remove_older_than((path for path in root.iterdir() if path.is_dir()), time.time() - unused_s)
+
+
+def _remove_older_than(paths: Iterable[Path], deadline: float) -> None:
+    """Remove each of `paths` (a folder with what it holds) last modified before `deadline` (a `time.time()`)."""
+    for path in paths:
         try:
-            if directory.is_dir() and directory.stat().st_mtime < deadline:
-                shutil.rmtree(directory)
+            if path.stat().st_mtime < deadline:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         except OSError:
-            pass  # another engine removed it first, or it is not ours to remove
+            pass  # another engine removed it first
 
 
 def _inputs(args: tuple[Any, ...]) -> list[torch.Tensor]:
