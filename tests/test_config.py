@@ -16,9 +16,10 @@ import msgspec
 import msgspec.inspect
 import pytest
 
-from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, default_cpu_max_num_batched_tokens,
-                       default_cpu_max_num_seqs, default_grammar_compile_workers,
-                       encode_config, hf_head_dim, hf_num_kv_heads, read_json)
+from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, encode_config, hf_head_dim, hf_num_kv_heads,
+                       read_json)
+from vx.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
+                             default_grammar_compile_workers)
 from vx.hf_config import HFConfig, config_fields, resolve_hf_config
 
 

@@ -23,7 +23,7 @@ FORBIDDEN = {
 }
 # Modules anyone may import: they import none of the packages above.
 LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
-          "model_architectures", "step", "module_process")
+          "model_architectures", "step", "module_process", "cpu_defaults")
 
 
 def _unit(module: str) -> str:
