@@ -90,7 +90,7 @@ def test_unsupported_rope_type_is_refused():
     with pytest.raises(ValueError, match="dynamic"):
         get_rope(cfg, 16)
     with pytest.raises(ValueError, match="longrope"):  # the message lists what is supported
-        RotaryEmbedding(16, 32, get_rope_config(cfg))
+        RotaryEmbedding(16, get_rope_config(cfg), 32)
 
 
 def _assert_cos_sin_equal(ours: RotaryEmbedding, cos_hf: torch.Tensor, sin_hf: torch.Tensor,
@@ -144,9 +144,9 @@ def test_longrope_uses_short_factors_within_the_original_context_and_long_ones_p
     {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
      "original_max_position_embeddings": 64},
 ], ids=lambda r: (r or {}).get("rope_type", "default"))
-def test_rope_tables_build_under_another_default_device(rope_scaling):
+def test_rope_frequencies_build_under_another_default_device(rope_scaling):
     """Models are built under the target device as torch's default (CUDA on a GPU): every rope type computes its
-    tables on the CPU and moves them, rather than mixing devices (LongRoPE did, on the GPU)."""
+    frequencies on the CPU and moves them, rather than mixing devices (LongRoPE did, on the GPU)."""
     from transformers import LlamaConfig
 
     from vx.models.layers.rotary import get_rope
@@ -155,4 +155,22 @@ def test_rope_tables_build_under_another_default_device(rope_scaling):
                          rope_scaling=rope_scaling)
     with torch.device("meta"):
         rope = get_rope(config, 16)
-    assert rope.cos_cache.device.type == "meta"
+    buffers = list(rope.buffers())
+    assert buffers and all(b.device.type == "meta" for b in buffers)
+
+
+def test_rope_memory_does_not_grow_with_the_context_length():
+    """A 128k-context model's rotary embedding holds its frequencies, not cos and sin for every position (a table
+    of 2 x 131072 x 128 float32 would be 128 MiB resident for the engine's life); positions past the configured
+    context still rotate, as Hugging Face computes them."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from vx.models.layers.rotary import get_rope
+
+    config = LlamaConfig(hidden_size=512, num_attention_heads=4, max_position_embeddings=131072)
+    rope = get_rope(config, 128)
+    assert sum(b.nbytes for b in rope.buffers()) <= 1024
+    positions = torch.tensor([0, 1, 131071, 140000])
+    cos_hf, sin_hf = LlamaRotaryEmbedding(config)(torch.zeros(1), positions[None])
+    _assert_cos_sin_equal(rope, cos_hf[0], sin_hf[0], positions)

@@ -1,8 +1,8 @@
 """Rotary position embedding (rotate-half / neox style, as Hugging Face Llama applies it).
 
-cos and sin are precomputed for every position up to `max_position` in float32, exactly as Hugging Face
-computes them on the fly (positions * inv_freq, then cos/sin, times the scaling's attention factor), so results
-match bit for bit before the cast.
+cos and sin are computed per forward for the batch's positions in float32, exactly as Hugging Face computes them
+(positions * inv_freq, then cos/sin, times the scaling's attention factor), so results match bit for bit before
+the cast.
 
 Scalings: linear, llama3, yarn and longrope (Phi-3's "su"). LongRoPE has two sets of frequencies: the short one
 up to `original_max_position_embeddings`, the long one past it. vx picks the set by position (a position past the
@@ -148,36 +148,41 @@ class RotaryEmbedding(nn.Module):
     """Applies rotary embedding to q and k by token position.
 
     The model calls `cos_sin(positions, dtype)` once per forward and passes the pair to every layer's
-    `apply`, so the gather from the cache happens once rather than per layer.
+    `apply`, so cos and sin are computed once rather than per layer.
     """
 
-    def __init__(self, head_dim: int, max_position: int, rope: RopeConfig, max_position_embeddings: int | None = None,
-                 ) -> None:
+    def __init__(self, head_dim: int, rope: RopeConfig, max_position_embeddings: int) -> None:
         super().__init__()
         check_rope_type(rope)
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
-        self.max_position = max_position
-        # Built on the CPU for the same numbers on every device, then moved to the default (target) device.
-        t = torch.arange(max_position, dtype=torch.float32, device="cpu")
-        freqs = t[:, None] * compute_inv_freq(self.rotary_dim, rope)[None, :]
+        self.scale = attention_factor(rope, max_position_embeddings)
+        # Computed on the CPU for the same numbers on every device, then moved to the default (target) device.
+        device = torch.get_default_device()
+        self.register_buffer("inv_freq", compute_inv_freq(self.rotary_dim, rope).to(device), persistent=False)
+        self.original_max_position: int | None = None
         if rope.rope_type == "longrope":
-            original = int(rope.params["original_max_position_embeddings"])
-            long_freqs = t[original:, None] * compute_inv_freq(self.rotary_dim, rope, long=True)[None, :]
-            freqs = torch.cat((freqs[:original], long_freqs))
-        scale = attention_factor(rope, max_position_embeddings or max_position)
-        cos, sin = freqs.cos() * scale, freqs.sin() * scale
-        # Stored so that x*cos + swap_halves(x)*sin is the rotation: sin carries the sign of rotate_half.
-        cos_full = torch.cat((cos, cos), dim=-1)
-        sin_full = torch.cat((-sin, sin), dim=-1)
-        # float32 even for half models (HF computes cos/sin in float32, then casts): cast once per forward.
-        self.register_buffer("cos_cache", cos_full.to(torch.get_default_device()), persistent=False)
-        self.register_buffer("sin_cache", sin_full.to(torch.get_default_device()), persistent=False)
+            self.original_max_position = int(rope.params["original_max_position_embeddings"])
+            self.register_buffer("long_inv_freq", compute_inv_freq(self.rotary_dim, rope, long=True).to(device),
+                                 persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, rotary_dim] for the given positions, in `dtype`, broadcastable over heads."""
-        cos = self.cos_cache.index_select(0, positions).to(dtype).unsqueeze(1)
-        sin = self.sin_cache.index_select(0, positions).to(dtype).unsqueeze(1)
+        """cos, sin [T, 1, rotary_dim] for the given positions, in `dtype`, broadcastable over heads.
+
+        Computed for these positions only, not looked up in a table of every position: such a table costs
+        2 x max_position_embeddings x rotary_dim floats (128 MiB for a 128k-context model with 128-dim heads),
+        resident for the engine's life, where this costs a few small ops per forward."""
+        t = positions.to(torch.float32)[:, None]
+        freqs = t * self.inv_freq
+        if self.original_max_position is not None:
+            freqs = torch.where(positions[:, None] >= self.original_max_position, t * self.long_inv_freq, freqs)
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
+        # Laid out so that x*cos + swap_halves(x)*sin is the rotation: sin carries the sign of rotate_half. Float32
+        # up to here even for half models, as Hugging Face computes them, then cast.
+        cos = torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(1)
+        sin = torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(1)
         return cos, sin
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -197,7 +202,7 @@ class RotaryEmbedding(nn.Module):
         return q, k
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, max_position={self.max_position}"
+        return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, scale={self.scale}"
 
 
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:
@@ -205,9 +210,6 @@ def _swap_halves(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((x[..., half:], x[..., :half]), dim=-1)
 
 
-def get_rope(hf_config: Any, head_dim: int, max_position: int | None = None,
-             layer_type: str | None = None) -> RotaryEmbedding:
+def get_rope(hf_config: Any, head_dim: int, layer_type: str | None = None) -> RotaryEmbedding:
     """Build the rotary embedding a Hugging Face config describes (for `layer_type`'s layers, see get_rope_config)."""
-    max_pos = max_position or int(hf_config.max_position_embeddings)
-    return RotaryEmbedding(head_dim, max_pos, get_rope_config(hf_config, layer_type),
-                           int(hf_config.max_position_embeddings))
+    return RotaryEmbedding(head_dim, get_rope_config(hf_config, layer_type), int(hf_config.max_position_embeddings))
