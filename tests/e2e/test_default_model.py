@@ -3,6 +3,7 @@ tokens equal Hugging Face's on transformers' own dequantization of the same file
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -124,7 +125,7 @@ def test_chat_answers_paris(llm):
 
 def test_the_default_model_is_not_expanded_to_float(default_model_dir):
     """Every linear layer multiplies the file's Q4_1 blocks through the 4-bit kernel; the float parameters are the
-    norms and nothing else; the token table is the file's Q8_0 rows; what the model holds is about the file's size,
+    norms and nothing else; the token table is the file's Q8_0 rows, packed once for the tied head; what the model holds is about the file's size,
     not float32's 4 bytes a weight."""
     from gguf import GGMLQuantizationType
 
@@ -132,7 +133,9 @@ def test_the_default_model_is_not_expanded_to_float(default_model_dir):
     from vx.gpu.model_runner import ModelRunner
     from vx.models.layers.linear import LinearBase
     from vx.models.layers.quantization.gguf import GGUFEmbeddingMethod, GGUFLinearMethod
-    from vx.models.layers.quantization.kernels import Int4Groupwise
+    from vx.models.gguf_header import read_gguf_header
+    from vx.models.layers.quantization.gguf_blocks import unpack
+    from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise
     from vx.model_source import default_model_file
 
     config = EngineArgs(model=None, dtype="float32", device="cpu", max_model_len=256).create_config()
@@ -149,10 +152,22 @@ def test_the_default_model_is_not_expanded_to_float(default_model_dir):
     float_bytes = sum(p.nbytes for p in params.values() if p.is_floating_point())
     assert float_bytes == sum(p.nbytes for n, p in params.items() if n.endswith("norm.weight"))
     embed = model.model.embed_tokens
-    assert isinstance(embed.quant_method, GGUFEmbeddingMethod) and embed.__dict__["gguf_type"] == GGMLQuantizationType.Q8_0
-    held = sum(k.nbytes for k in kernels) + embed.__dict__["gguf_head"].nbytes + float_bytes
+    head = embed.__dict__["gguf_head"]
+    assert isinstance(embed.quant_method, GGUFEmbeddingMethod) and isinstance(head, Int8Groupwise)  # Q8_0
+    held = sum(k.nbytes for k in kernels) + head.nbytes + float_bytes
     weights = sum(k.in_features * k.out_features for k in kernels) + embed.num_embeddings * embed.embedding_dim
     assert held < 1.5 * os.path.getsize(default_model_file()) and held < 0.35 * 4 * weights
+    # The token table is the head's: rows are looked up in its packed weight, the file is no longer mapped (its
+    # pages would become resident as lookups touch them, up to the whole 29 MiB table).
+    ids = torch.tensor([0, 1, 49151, 1])
+    with open(default_model_file(), "rb") as f:
+        info = next(t for t in read_gguf_header(default_model_file()).tensors if t.name == "token_embd.weight")
+        f.seek(info.offset)
+        raw = torch.frombuffer(bytearray(f.read(info.nbytes)), dtype=torch.uint8).view(embed.num_embeddings, -1)
+    assert torch.equal(embed(ids), unpack(raw[ids], GGMLQuantizationType.Q8_0).dequantize())
+    gc.collect()
+    with open("/proc/self/maps") as f:
+        assert default_model_file() not in f.read()
 
 
 def test_the_config_directory_is_made_once_and_holds_no_weights(default_model_dir):

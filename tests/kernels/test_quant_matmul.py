@@ -44,6 +44,22 @@ def test_every_path_matches_the_float_weight(vector_bytes, bits, n, k, group, ha
         assert_within_rounding(kernel.matmul(x, packed), x, w)
 
 
+@pytest.mark.parametrize("vector_bytes", WIDTHS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("half_scales", [False, True])
+def test_rows_read_back_out_of_the_packed_weight(vector_bytes, bits, half_scales):
+    """A tied token embedding looks its rows up in the head's packed weight: exactly q * scale + zero in float32,
+    from every lane of a panel, the partial last panel too, repeated rows as asked."""
+    kernel = load_quant_matmul_kernel(vector_bytes)
+    n, k, group = 37, 96, 32
+    q, scale, zero = random_groupwise(n, k, group, bits, seed=bits)
+    if half_scales:
+        scale, zero = scale.half().float(), zero.half().float()
+    rows = torch.tensor([0, n - 1, 5, 5, 7, 8, 15, 16, 31, 32])
+    want = (q.float().view(n, -1, group) * scale[..., None] + zero[..., None]).view(n, k)[rows]
+    assert torch.equal(kernel.pack(q, scale, zero, group, bits).dequantize_rows(rows), want)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_one_thread_and_the_team_give_the_same_products(monkeypatch, bits):
     """Small calls run on the calling thread alone (`vx.kernels.threads`), large ones split panels over threads."""

@@ -43,6 +43,23 @@ def test_int8_path_is_within_the_rounding_of_x(monkeypatch, vector_bytes, vnni, 
         assert_within_int8_rounding(kernel.matmul(x, packed), x, q, scale, zero, group, bits)
 
 
+@pytest.mark.parametrize("vector_bytes,vnni", BUILDS)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rows_read_back_out_of_the_int8_layout(monkeypatch, vector_bytes, vnni, bits):
+    """The int8 layout (four k per lane, nibble pairs at 4 bits) gives a tied embedding's rows back exactly."""
+    monkeypatch.setenv("VX_CPU_MATMUL", "int8")
+    kernel = load_quant_matmul_kernel(vector_bytes, vnni)
+    if bits not in kernel.i8_bits:
+        pytest.skip(f"this build's int8 path does not serve {bits}-bit weights")
+    n, k, group = 37, 96, 32
+    q, scale, zero = random_groupwise(n, k, group, bits, seed=bits)
+    packed = kernel.pack(q, scale, zero, group, bits)
+    assert packed.int8_activations
+    rows = torch.tensor([0, n - 1, 5, 5, 15, 16, 31, 32])
+    want = (q.float().view(n, -1, group) * scale[..., None] + zero[..., None]).view(n, k)[rows]
+    assert torch.equal(packed.dequantize_rows(rows), want)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_zero_groups_and_extreme_codes(monkeypatch, bits):
     """A group of x that is all zeros (step 0) gives exact zeros, and the extreme codes (0 and 15, or -128 and

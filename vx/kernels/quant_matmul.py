@@ -65,6 +65,28 @@ class PackedQuantWeight:
     def nbytes(self) -> int:
         return self.q.nbytes + self.sz.nbytes
 
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """W[rows] [R, K] in float32, read out of the packed layout: a token embedding tied to this weight (its LM
+        head) looks its rows up here instead of keeping a second copy of the table. Exactly q * scale + zero."""
+        p = self.sz.shape[-1]  # features per panel, whichever layout
+        panel, lane = rows // p, rows % p
+        k = self.in_features
+        if self.int8_activations:  # [panel][k/4][p][4] bytes, or at 4 bits [panel][k/8][p][4] nibble pairs
+            quads = self.q[panel, :, lane, :]
+            if self.bits == 4:
+                q = torch.stack((quads & 15, quads >> 4), dim=2).reshape(-1, k)
+            else:
+                q = quads.reshape(-1, k).to(torch.int16) - 128
+        elif self.bits == 4:  # [panel][k][p/2]: the panel's first half of features in the low nibbles
+            half = p // 2
+            nibbles = self.q[panel, :, lane % half]
+            q = torch.where((lane < half)[:, None], nibbles & 15, nibbles >> 4)
+        else:  # [panel][k][p]
+            q = self.q[panel, :, lane]
+        scale_zero = self.sz[panel, :, :, lane].float()  # [R, groups, scale | zero]
+        groups = q.reshape(q.shape[0], -1, self.group_size).float()
+        return (groups * scale_zero[..., 0, None] + scale_zero[..., 1, None]).reshape(-1, k)
+
 
 class QuantMatmulKernel:
     """The loaded libraries: `pack` a weight once, then `matmul` float32 activations with it."""

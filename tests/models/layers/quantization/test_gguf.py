@@ -91,9 +91,15 @@ def test_a_tied_head_multiplies_through_a_kernel_of_the_embeddings_table(tiny_gg
     model = _load(tiny, gguf=True)
     embed = model.model.embed_tokens
     assert model.lm_head.quant_method is embed.quant_method and isinstance(embed.quant_method, GGUFEmbeddingMethod)
-    assert isinstance(embed.__dict__["gguf_head"], Int4Groupwise if types == "Q4_K" else Int8Groupwise)
-    assert embed.__dict__["gguf_rows"].dtype == torch.uint8  # the raw rows, looked up by id
-    _assert_close(_logits(model), _logits(_load(tiny, gguf=False)))
+    head = embed.__dict__["gguf_head"]
+    assert isinstance(head, Int4Groupwise if types == "Q4_K" else Int8Groupwise)
+    reference = _load(tiny, gguf=False)
+    _assert_close(_logits(model), _logits(reference))
+    # Rows are looked up in the head's packed weight (vx's C kernel), else in the file's raw rows; either way
+    # exactly the GGUF values.
+    assert ("gguf_rows" in embed.__dict__) != head.can_dequantize_rows
+    ids = torch.tensor([5, 0, 5, tiny.vocab_size - 1])
+    assert torch.equal(embed(ids), reference.model.embed_tokens(ids))
 
 
 def test_the_embedding_dequantizes_the_rows_it_looks_up_from_the_files_mapping(tiny_gguf):

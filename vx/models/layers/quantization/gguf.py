@@ -244,21 +244,29 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         if ggml_type in FLOAT_TYPES:
             layer.__dict__["gguf_table"] = as_float(rows, ggml_type).to(device=device, dtype=self.params_dtype)
             return
-        if layer.serves_lm_head:
-            layer.__dict__["gguf_head"] = make_kernel([unpack(rows, ggml_type)], self.params_dtype, device)
-        if not isinstance(layer, ParallelLMHead):
-            # It looks rows up: kept as given (on the CPU the GGUF source maps the table on its own, and only the
-            # rows batches look up become resident).
-            layer.__dict__["gguf_rows"] = rows.to(device)
-            layer.__dict__["gguf_type"] = ggml_type
+        head = make_kernel([unpack(rows, ggml_type)], self.params_dtype, device) if layer.serves_lm_head else None
+        if head is not None:
+            layer.__dict__["gguf_head"] = head
+        if isinstance(layer, ParallelLMHead) or getattr(head, "can_dequantize_rows", False):
+            # A table tied to its head looks its rows up in the head's packed weight: no second copy of the table,
+            # and no pages of the file mapped in as lookups touch them (a long run would map all of them: the
+            # default model's 29 MiB).
+            return
+        # It looks rows up: kept as given (on the CPU the GGUF source maps the table on its own, and only the rows
+        # batches look up become resident, with the pages around them).
+        layer.__dict__["gguf_rows"] = rows.to(device)
+        layer.__dict__["gguf_type"] = ggml_type
 
     def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         table = layer.__dict__.get("gguf_table")
         if table is not None:
             return F.embedding(input_ids, table)
-        rows = layer.__dict__["gguf_rows"][input_ids.reshape(-1)]
-        out = unpack(rows, layer.__dict__["gguf_type"]).dequantize().to(self.params_dtype)
-        return out.reshape(*input_ids.shape, -1)
+        rows = layer.__dict__.get("gguf_rows")
+        if rows is None:
+            out = layer.__dict__["gguf_head"].dequantize_rows(input_ids.reshape(-1))
+        else:
+            out = unpack(rows[input_ids.reshape(-1)], layer.__dict__["gguf_type"]).dequantize()
+        return out.to(self.params_dtype).reshape(*input_ids.shape, -1)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         table = layer.__dict__.get("gguf_table")

@@ -110,6 +110,15 @@ class Int4Groupwise:
             return self._packed.nbytes
         return self._int4pack.nbytes + self._scales_and_zeros.nbytes
 
+    @property
+    def can_dequantize_rows(self) -> bool:
+        """Whether `dequantize_rows` reads rows back out of this weight (vx's C kernel layout)."""
+        return self._vx is not None
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """W[rows] [R, K] in float32 (a tied token embedding's lookup); only where `can_dequantize_rows`."""
+        return self._packed.dequantize_rows(rows)
+
     def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
         if self._vx is not None:
@@ -191,6 +200,15 @@ class Int8Groupwise:
         if self._vx is not None:
             return self._packed.nbytes
         return self._q.nbytes + self._scale.nbytes + self._zero.nbytes
+
+    @property
+    def can_dequantize_rows(self) -> bool:
+        """Whether `dequantize_rows` reads rows back out of this weight (vx's C kernel layout)."""
+        return self._vx is not None
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """W[rows] [R, K] in float32 (a tied token embedding's lookup); only where `can_dequantize_rows`."""
+        return self._packed.dequantize_rows(rows)
 
     def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
