@@ -114,6 +114,7 @@ def test_startup(micro_model, capsys):
     out = capsys.readouterr().out
     assert "first token (s)" in out and "median time to first streamed token" in out
     assert "after answer (MiB)" in out and "settled above bare torch (MiB)" in out
+    assert "cache-filling start" in out  # reported apart from the table's cached starts
 
 
 def test_decode_step(micro_model, capsys):
