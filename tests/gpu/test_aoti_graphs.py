@@ -50,17 +50,13 @@ def _engine_in_process_of_its_own(model: str, cache_dir: Path, prompts, **engine
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["float", "gguf-q4_1"])
-def test_aoti_graphs_give_hf_greedy_tokens_without_the_compiler_in_the_engine(tiny_model_dirs, tiny_gguf, tmp_path,
-                                                                             monkeypatch, weights):
+def test_aoti_graphs_give_hf_greedy_tokens_without_the_compiler_in_the_engine(tiny_gguf, tmp_path, monkeypatch):
     """Every size's package is compiled by a child before serving; the engine (a process of its own) serves decode
     steps through them, gives HF's float32 greedy tokens, and never imports torch._dynamo or torch._inductor. A
-    second engine of the same config reuses the packages (no child)."""
-    if weights == "float":
-        model, reference_dir = tiny_model_dirs["llama"], tiny_model_dirs["llama"]
-    else:
-        tiny = tiny_gguf("Q4_1")
-        model, reference_dir = tiny.gguf_path, tiny.float_dir
+    second engine of the same config reuses the packages (no child). GGUF weights, as the default model's, through
+    the C kernel's operator (float weights: test_decode_graphs.py, packages compiled the same way)."""
+    tiny = tiny_gguf("Q4_1")
+    model, reference_dir = tiny.gguf_path, tiny.float_dir
     monkeypatch.setenv("VX_CPU_MATMUL", "float")  # the C kernel's exact path: HF's tokens
     prompts = _prompts(300)
     want = _hf_greedy(reference_dir, prompts)
