@@ -113,7 +113,10 @@ class StructuredOutputsConfig(msgspec.Struct, kw_only=True):
     cache_memory_bytes: int = 256 * 2**20  # compiled grammars kept for reuse, by xgrammar's memory_size_bytes
     max_grammar_memory_bytes: int = 64 * 2**20  # a larger compiled grammar fails its request
     compile_timeout_s: float = 10.0  # a longer compile fails its request; its thread runs on, discarded
-    compile_workers: int = 2  # compiles that run at once
+    compile_workers: int = 2  # compiles that run at once (and mask threads in each lane)
+    # The longest a step waits for a next-token mask; a grammar whose masks take longer is refused at compile
+    # (timed on a sample path) or failed once several of its masks took longer.
+    mask_budget_s: float = 0.1
 
 
 class ParallelConfig(msgspec.Struct, kw_only=True):
@@ -189,6 +192,7 @@ class EngineArgs:
     max_grammar_memory_bytes: int = _STRUCTURED_DEFAULTS.max_grammar_memory_bytes
     grammar_compile_timeout_s: float = _STRUCTURED_DEFAULTS.compile_timeout_s
     grammar_compile_workers: int | None = None  # None: max(2, min(4, cores // 2))
+    grammar_mask_budget_s: float = _STRUCTURED_DEFAULTS.mask_budget_s
     quantization: str | None = None  # None: as the checkpoint is (quantized or not); else quantize at load
     kv_cache_dtype: str = "auto"
 
@@ -296,6 +300,7 @@ class EngineArgs:
             max_grammar_memory_bytes=self.max_grammar_memory_bytes,
             compile_timeout_s=float(self.grammar_compile_timeout_s),
             compile_workers=self.grammar_compile_workers or default_grammar_compile_workers(),
+            mask_budget_s=float(self.grammar_mask_budget_s),
         )
         quant_method = resolve_quantization(self.quantization, hf_config)
         parallel = ParallelConfig(tensor_parallel_size=self.tensor_parallel_size,
@@ -357,9 +362,10 @@ class EngineArgs:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 2**63:
                 raise ValueError(f"{name} must be a positive int, got {v!r}.")
-        t = self.grammar_compile_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
-            raise ValueError(f"grammar_compile_timeout_s must be a positive number of seconds, got {t!r}.")
+        for name in ("grammar_compile_timeout_s", "grammar_mask_budget_s"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {t!r}.")
         for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")

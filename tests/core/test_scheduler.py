@@ -286,7 +286,8 @@ def test_mean_pooling_reads_no_prefix_cache_but_last_token_pooling_does():
 
 
 def test_a_preempted_mean_pooling_request_recomputes_its_whole_prompt():
-    s = make_scheduler(num_blocks=8, block_size=4, budget=4)
+    # Both requests share each step's budget (fair shares), so 7 blocks are too few for both to finish together.
+    s = make_scheduler(num_blocks=7, block_size=4, budget=4)
     s.add_request(req("g", 8, max_tokens=12, ignore_eos=True))
     s.add_request(pooling_req("pm", 16, pooling_type="mean", base=20))
     admissions = []

@@ -49,7 +49,7 @@ class ParentRequest:
                 changes["seed"] = (params.seed + i + 2**63) % 2**64 - 2**63  # stays a valid int64
             if i > 0 and params.prompt_logprobs is not None:
                 changes["prompt_logprobs"] = None
-            children.append(msgspec.structs.replace(self._request, request_id=cid,
+            children.append(msgspec.structs.replace(self._request, request_id=cid, group_id=self.request_id,
                                                     sampling_params=params.clone(**changes)))
         return children
 

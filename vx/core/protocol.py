@@ -39,6 +39,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     # Set for an embedding request: it pools its prompt's hidden states and generates nothing (`sampling_params`
     # is then a placeholder the engine does not sample with).
     pooling_params: PoolingParams | None = None
+    # The requests of one fan-out (the n children of an `n > 1` request) share a group: the scheduler's fair share
+    # of seats and tokens counts them as one client. None: the request is a group of its own.
+    group_id: str | None = None
 
     def verify_for_model(self, vocab_size: int, max_model_len: int) -> None:
         """`ValueError` unless the prompt is 1 to max_model_len - 1 tokens long (max_model_len for a pooling

@@ -43,7 +43,7 @@ class Request:
         "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
         "priority", "status", "output_token_ids", "all_token_ids", "num_computed_tokens",
         "num_cached_tokens", "block_hashes", "stop_reason", "num_preemptions", "max_tokens",
-        "bad_words_token_ids", "prompt_logprobs", "num_output_tokens_sent", "pooling_params",
+        "bad_words_token_ids", "prompt_logprobs", "num_output_tokens_sent", "pooling_params", "group",
     )
 
     def __init__(
@@ -56,6 +56,7 @@ class Request:
         priority: int = 0,
         bad_words_token_ids: list[list[int]] | None = None,
         pooling_params: PoolingParams | None = None,
+        group_id: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -65,6 +66,8 @@ class Request:
         self.priority = priority
         self.bad_words_token_ids = bad_words_token_ids or None
         self.pooling_params = pooling_params  # set: an embedding request, ended by its pooled prompt
+        # What the scheduler's fair share counts as one client: its fan-out's group, else the request itself.
+        self.group = group_id if group_id is not None else request_id
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
@@ -83,7 +86,7 @@ class Request:
     def from_engine_core_request(cls, req: EngineCoreRequest) -> "Request":
         return cls(req.request_id, list(req.prompt_token_ids), req.sampling_params,
                    req.eos_token_ids, req.arrival_time or None, req.priority, req.bad_words_token_ids,
-                   req.pooling_params)
+                   req.pooling_params, req.group_id)
 
     @property
     def num_tokens(self) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, SchedulerConfig
+from vx.core.fair_share import TokenShares, seat_claims, token_shares
 from vx.core.protocol import EngineCoreOutput, EngineCoreOutputs, InputError
 from vx.core.request import Request, RequestStatus
 from vx.core.request_queue import make_request_queue
@@ -26,7 +29,11 @@ class Scheduler:
     the largest (priority, arrival time) ("priority"). Its blocks are freed and it goes back to the
     waiting queue ahead of its peers, to resume later from whatever prefix is still cached.
     Waiting requests are admitted in queue order (arrival, or priority then arrival), only in steps
-    without preemption.
+    in which the KV cache preempted nothing.
+
+    Under "fcfs", clients share each step fairly (vx/core/fair_share.py): no request group (one request, or the n
+    children of one) takes more than its fair part of the token budget while another wants tokens, and a full
+    batch gives a seat back to a waiting client that holds fewer than its part. "priority" keeps strict priority.
     """
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
@@ -98,21 +105,93 @@ class Scheduler:
         if grammars is not None and grammars.num_pending:
             for error in grammars.update():  # compiles that failed (or timed out) since the last step
                 self._fail(error)
+        if grammars is not None and grammars.num_requests:
+            for error in grammars.check_masks():  # grammars whose masks keep missing the budget
+                self._fail(error)
+            # Each request's next mask has been filling since its last token (or its compile); the quick ones get
+            # the budget to finish, the rest sit this step out.
+            candidates = itertools.chain(self.running, itertools.islice(self.waiting, self.config.max_num_seqs))
+            grammars.wait_for_masks([r.request_id for r in candidates
+                                     if r.sampling_params.structured_outputs is not None])
         plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        if self.policy == "fcfs":
+            self._give_back_seats(plan)
+            plan.shares = self._token_shares()
         self._schedule_running(plan)
-        if not plan.preempted_req_ids:
+        if not plan.out_of_kv:
             self._schedule_waiting(plan)
+        if plan.shares is not None and plan.budget > 0:
+            # What the shares left unused (a client that could not start, or needed less) goes to the requests
+            # that got nothing yet, in order: shares never leave the budget idle while someone could use it.
+            plan.shares = None
+            self._schedule_running(plan, top_up=True)
+            if not plan.out_of_kv:
+                self._schedule_waiting(plan)
         return self._finish_plan(plan)
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _startable(self, limit: int) -> list[Request]:
+        """The first `limit` waiting requests that could start now (their grammar, if any, is compiled)."""
+        grammars = self.structured_output_manager
+        scan = itertools.islice(self.waiting, 4 * limit + 16)  # bounded: a queue of pending compiles is not walked
+        return list(itertools.islice((r for r in scan if grammars is None or grammars.is_ready(r.request_id)),
+                                     limit))
+
+    def _first_of_each_client(self, limit: int) -> list[Request]:
+        """The first waiting request that could start now of each client, for the first `limit` clients in queue
+        order (a client behind another's long fan-out is found too)."""
+        grammars = self.structured_output_manager
+        seen: dict[str, Request] = {}
+        for req in self.waiting:
+            if req.group not in seen and (grammars is None or grammars.is_ready(req.request_id)):
+                seen[req.group] = req
+                if len(seen) >= limit:
+                    break
+        return list(seen.values())
+
+    def _give_back_seats(self, plan: _StepPlan) -> None:
+        """In a full batch, preempt the newest requests of clients holding more than their fair part of the seats,
+        one for each waiting client below its part, and move those waiting requests to the front of the queue."""
+        seats = self.config.max_num_seqs
+        if len(self.running) < seats or not self.waiting:
+            return
+        candidates = self._first_of_each_client(seats)
+        claims = seat_claims([r.group for r in self.running], [r.group for r in candidates], seats)
+        for victim in [self.running[i] for i, _ in claims]:
+            self.running.remove(victim)
+            self._preempt(victim)
+            plan.preempted_req_ids.add(victim.request_id)
+        for _, position in reversed(claims):  # ahead of the preempted ones, in their queue order
+            self.waiting.remove(candidates[position])
+            self.waiting.prepend(candidates[position])
+
+    def _token_shares(self) -> TokenShares | None:
+        """Each client's part of this step's budget, from what its running requests and the waiting requests that
+        could take a free seat still need; None when a single client wants tokens."""
+        demands: Counter[str] = Counter()
+        for req in self.running:
+            demands[req.group] += req.num_tokens - req.num_computed_tokens
+        free_seats = self.config.max_num_seqs - len(self.running)
+        if free_seats > 0 and self.waiting:
+            for req in self._startable(free_seats):
+                demands[req.group] += req.num_tokens - req.num_computed_tokens
+        return token_shares(demands, self.config.max_num_batched_tokens)
+
+    def _schedule_running(self, plan: _StepPlan, top_up: bool = False) -> None:
         """Give each running request the tokens it still lacks while the budget lasts; when the KV cache cannot
-        grow one, preempt until it can (or until it is the one preempted)."""
+        grow one, preempt until it can (or until it is the one preempted). `top_up`: only the requests not planned
+        yet in this step."""
         kv = self.kv_cache_manager
         i = 0
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, plan.budget)
-            if num_new <= 0:  # nothing to compute (cannot happen without speculative tokens)
+            if top_up and req.request_id in plan.num_scheduled_tokens:
+                i += 1
+                continue
+            num_new = min(req.num_tokens - req.num_computed_tokens, plan.budget, plan.share_left(req.group))
+            if num_new <= 0 or (req.num_computed_tokens + num_new >= req.num_tokens
+                                and not self._mask_ready(req)):
+                # Nothing to compute, its client used its share of this step, or it would sample without the mask
+                # of its grammar, which is still filling.
                 i += 1
                 continue
             while True:
@@ -122,20 +201,22 @@ class Scheduler:
                 victim, victim_index = self._pop_victim()
                 self._preempt(victim)
                 plan.preempted_req_ids.add(victim.request_id)
+                plan.out_of_kv = True
                 if victim is req:
                     break
+                if victim.request_id in plan.num_scheduled_tokens:
+                    # The priority policy, or a top-up pass, may evict a request already planned in this step:
+                    # unplan it (its new blocks went back with the rest of its blocks).
+                    plan.unplan(victim.request_id)
                 if victim_index < i:
-                    # The priority policy may evict a request already planned in this step: unplan it (its new
-                    # blocks went back with the rest of its blocks) and step back over its place in `running`.
-                    i -= 1
-                    plan.unplan_cached(victim.request_id)
+                    i -= 1  # step back over its place in `running`
             if new_blocks is None:
                 break
             new_token_ids = req.output_token_ids[req.num_output_tokens_sent:]
             req.num_output_tokens_sent = req.num_output_tokens
             plan.add(CachedRequestData(req_id=req.request_id, num_computed_tokens=req.num_computed_tokens,
                                        new_token_ids=new_token_ids, new_block_ids=kv.new_block_ids(new_blocks)),
-                     num_new)
+                     num_new, req.group)
             i += 1
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
@@ -146,7 +227,10 @@ class Scheduler:
         skipped: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
-            if grammars is not None and not grammars.is_ready(req.request_id):
+            # A chunk can be cut to its client's share; a whole prompt (no chunked prefill) cannot.
+            limited = self.config.enable_chunked_prefill and plan.shares is not None
+            if (grammars is not None and not grammars.is_ready(req.request_id)) or (
+                    limited and plan.share_left(req.group) <= 0):
                 skipped.append(self.waiting.pop())
                 continue
             if _needs_every_prompt_position(req):
@@ -156,7 +240,7 @@ class Scheduler:
             num_new = req.num_tokens - num_computed
             if not self.config.enable_chunked_prefill and num_new > plan.budget:
                 break
-            num_new = min(num_new, plan.budget)
+            num_new = min(num_new, plan.budget, plan.share_left(req.group) if limited else num_new)
             if kv.allocate_slots(req, num_new, num_computed, computed_blocks) is None:
                 break
             self.waiting.pop()
@@ -170,7 +254,7 @@ class Scheduler:
                 req_id=req.request_id, prompt_token_ids=req.prompt_token_ids, sampling_params=req.sampling_params,
                 block_ids=kv.block_table(req.request_id), num_computed_tokens=num_computed,
                 output_token_ids=list(req.output_token_ids), eos_token_ids=tuple(sorted(req.eos_token_ids)),
-                bad_words_token_ids=req.bad_words_token_ids, pooling_params=req.pooling_params), num_new)
+                bad_words_token_ids=req.bad_words_token_ids, pooling_params=req.pooling_params), num_new, req.group)
             plan.preempted_req_ids.discard(req.request_id)  # resumed in the step that preempted it
         for req in reversed(skipped):
             self.waiting.prepend(req)
@@ -200,6 +284,11 @@ class Scheduler:
                 out.grammar_bitmask, errors = grammars.grammar_bitmask(out.grammar_req_ids)
                 self._failing.extend(errors)
         return out
+
+    def _mask_ready(self, req: Request) -> bool:
+        grammars = self.structured_output_manager
+        return (req.sampling_params.structured_outputs is None or grammars is None
+                or grammars.is_ready(req.request_id))
 
     def _pop_victim(self) -> tuple[Request, int]:
         """Take the request to preempt out of `running` (the newest, or the least important one), with its index."""
@@ -341,13 +430,26 @@ class _StepPlan:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted_req_ids: set[str] = field(default_factory=set)
+    out_of_kv: bool = False  # the KV cache preempted a request: no waiting request starts in this step
+    shares: TokenShares | None = None  # each client's part of the budget (None: no limit)
+    groups: dict[str, str] = field(default_factory=dict)  # req id -> its client, for the planned requests
 
-    def add(self, request_data: CachedRequestData | NewRequestData, num_tokens: int) -> None:
+    def share_left(self, client: str) -> int:
+        return self.budget if self.shares is None else self.shares.left(client)
+
+    def add(self, request_data: CachedRequestData | NewRequestData, num_tokens: int, client: str) -> None:
         (self.new_reqs if isinstance(request_data, NewRequestData) else self.cached_reqs).append(request_data)
         self.num_scheduled_tokens[request_data.req_id] = num_tokens
+        self.groups[request_data.req_id] = client
         self.budget -= num_tokens
+        if self.shares is not None:
+            self.shares.spend(client, num_tokens)
 
-    def unplan_cached(self, req_id: str) -> None:
-        """Take back a running request's share (it was preempted later in the same step)."""
+    def unplan(self, req_id: str) -> None:
+        """Take back a planned request's tokens (it was preempted later in the same step)."""
         self.cached_reqs = [r for r in self.cached_reqs if r.req_id != req_id]
-        self.budget += self.num_scheduled_tokens.pop(req_id)
+        self.new_reqs = [r for r in self.new_reqs if r.req_id != req_id]
+        num_tokens = self.num_scheduled_tokens.pop(req_id)
+        self.budget += num_tokens
+        if self.shares is not None:
+            self.shares.spend(self.groups[req_id], -num_tokens)

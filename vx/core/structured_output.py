@@ -6,9 +6,14 @@ waits on a compile: it only admits requests whose grammar is ready. Each step, t
 for all the constrained rows that sample; after sampling, each row's matcher accepts its token. xgrammar and the
 Hugging Face tokenizer load lazily, in a compile thread, on the first constrained request.
 
-One request's grammar cannot hurt the others: a compile that fails, runs past `compile_timeout_s` or produces a
-grammar over `max_grammar_memory_bytes` fails its own requests (a client error); a matcher that raises fails its
-request (an internal error); compiled grammars are kept for reuse within `cache_memory_bytes`.
+Each request's next-token mask is filled on mask threads as soon as its previous token is accepted
+(vx/core/grammar_masks.py); the step uses the masks that are ready and waits at most `mask_budget_s` for the others.
+
+One request's grammar cannot hurt the others: a compile that fails, runs past `compile_timeout_s`, produces a
+grammar over `max_grammar_memory_bytes` or whose masks take longer than `mask_budget_s` on a sample path fails its
+own requests (a client error), and so does a grammar whose masks keep missing that budget while it runs; a matcher
+that raises fails its request (an internal error); compiled grammars are kept for reuse within
+`cache_memory_bytes`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -26,6 +32,7 @@ import numpy as np
 
 from vx.config import ModelConfig, StructuredOutputsConfig
 from vx.core.compile_pool import CompilePool, CompileQueueTimeoutError, CompileTimeoutError
+from vx.core.grammar_masks import MAX_SLOW_MASKS, MaskFiller, MaskJob, time_fills
 from vx.core.protocol import InputError
 from vx.sampling_params import StructuredOutputsParams
 
@@ -42,6 +49,8 @@ _FAILURE_ENTRY_BYTES = 1024
 # JSON is generated without free whitespace ({"a": 1, "b": [2, 3]}): a small model allowed any whitespace tends
 # to emit spaces and newlines until max_tokens, which leaves the JSON unfinished.
 _ANY_WHITESPACE = False
+# Mask fills a compile times along one path through the grammar before a request may use it.
+_SAMPLE_MASKS = 4
 # xgrammar prefixes its messages with a time and a C++ source location ("[03:25:08] /project/cpp/x.cc:94: ").
 _XGR_MESSAGE_PREFIX = re.compile(r"^\s*\[[0-9:]+\]\s+\S+:\d+:\s*")
 
@@ -89,14 +98,18 @@ class _RequestGrammar:
     future: concurrent.futures.Future
     stop_token_ids: list[int]
     matcher: Any = None  # xgr.GrammarMatcher
+    mask: MaskJob | None = None  # the mask of its next position, filling or filled
+    num_slow_masks: int = 0  # its masks that took longer than the budget
 
 
 class StructuredOutputManager:
     """Compiles grammars in the background and keeps one matcher per constrained request (engine process only).
 
     `add_request` starts a compile (or reuses a cached one); `update` turns finished compiles into matchers and
-    reports the ones that failed; `is_ready` gates admission; `grammar_bitmask` fills the step's bitmask;
-    `accept_token` advances a matcher; `remove_request` forgets a request.
+    reports the ones that failed; `is_ready` gates scheduling on the request's grammar and next mask;
+    `check_masks` fails the requests whose masks keep missing the budget; `wait_for_masks` gives the quick ones
+    the budget to finish; `grammar_bitmask` gathers the step's bitmask; `accept_token` advances a matcher and
+    starts its next mask; `remove_request` forgets a request.
     """
 
     def __init__(self, model_config: ModelConfig, config: StructuredOutputsConfig | None = None) -> None:
@@ -113,8 +126,8 @@ class StructuredOutputManager:
         self.cache_bytes = 0
         self._requests: dict[str, _RequestGrammar] = {}
         self._pending: set[str] = set()  # requests whose grammar is still compiling
-        self._bitmask: Any = None  # torch int32 [rows, ceil(vocab / 32)], grown on demand and reused
-        # int32 [ceil(vocab / 32)]: the tokens holding no control byte (< 0x20); see `grammar_bitmask`.
+        self._masks = MaskFiller(self.config.compile_workers, self.config.mask_budget_s)
+        # int32 [ceil(vocab / 32)]: the tokens holding no control byte (< 0x20); see `_fill_row`.
         self._no_control_bytes: np.ndarray | None = None
 
     # ----------------------------------------------------------------------------------------------- requests
@@ -161,6 +174,7 @@ class StructuredOutputManager:
 
                 state.matcher = xgr.GrammarMatcher(state.future.result(),
                                                    override_stop_tokens=state.stop_token_ids or None)
+                self._start_mask(state)
             except Exception as e:  # noqa: BLE001 - this request fails alone
                 del self._requests[request_id]
                 failed.append(InputError(message=f"structured output failed: could not start the grammar "
@@ -190,8 +204,42 @@ class StructuredOutputManager:
                 self.cache_bytes -= self._cache.pop(key).size
 
     def is_ready(self, request_id: str) -> bool:
-        """False while the request's grammar is still compiling (unconstrained requests are always ready)."""
-        return request_id not in self._pending
+        """False while the request's grammar is still compiling or the mask of its next position is still filling
+        (unconstrained requests are always ready)."""
+        if request_id in self._pending:
+            return False
+        state = self._requests.get(request_id)
+        return state is None or state.mask is None or state.mask.done()
+
+    def check_masks(self) -> list[InputError]:
+        """Count each mask that has taken longer than the budget against its request (whose later masks then fill
+        on the slow lane), and return an error for each request that reached `MAX_SLOW_MASKS` of them: the caller
+        must end those, which are forgotten here."""
+        now = time.monotonic()
+        failed: list[InputError] = []
+        for request_id, state in list(self._requests.items()):
+            job = state.mask
+            if job is None or job.counted_slow or not self._masks.is_slow(job, now):
+                continue
+            job.counted_slow = True
+            state.num_slow_masks += 1
+            if state.num_slow_masks >= MAX_SLOW_MASKS:
+                self.remove_request(request_id)
+                failed.append(InputError(
+                    message=f"structured_outputs.{state.kind} is too costly to follow: {state.num_slow_masks} of its "
+                    f"next-token masks took longer than the engine's budget of {self.config.mask_budget_s:g} s a "
+                    "step (grammar_mask_budget_s)", request_id=request_id))
+        return failed
+
+    def wait_for_masks(self, request_ids: Sequence[str]) -> None:
+        """Give the masks of these requests that are expected to be quick (none of theirs was slow yet) at most the
+        budget to finish: the step leaves out a request whose mask is not ready."""
+        jobs = []
+        for request_id in request_ids:
+            state = self._requests.get(request_id)
+            if state is not None and state.mask is not None and not state.num_slow_masks:
+                jobs.append(state.mask)
+        self._masks.wait(jobs)
 
     def wait_for_compile(self, timeout: float) -> None:
         """Block until some pending compile finishes, or `timeout` seconds: for a step that had nothing else to
@@ -201,40 +249,29 @@ class StructuredOutputManager:
             concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def remove_request(self, request_id: str) -> None:
-        """Forget a finished or aborted request and its matcher (unknown ids are ignored)."""
-        self._requests.pop(request_id, None)
+        """Forget a finished or aborted request and its matcher (unknown ids are ignored); its mask, if still
+        queued, is not filled."""
+        state = self._requests.pop(request_id, None)
         self._pending.discard(request_id)
+        if state is not None and state.mask is not None and state.mask.future is not None:
+            state.mask.future.cancel()
 
     # ----------------------------------------------------------------------------------------------- per step
     def grammar_bitmask(self, request_ids: Sequence[str]) -> tuple[np.ndarray, list[InputError]]:
         """int32 [len(request_ids), ceil(vocab / 32)]: row i has bit t set when the grammar of request i allows
-        token t next. Every request must have its matcher (`is_ready`). Also returns an error for each request
-        whose matcher failed: its row allows every token, and the caller must end it."""
-        import xgrammar as xgr
-
-        n = len(request_ids)
-        if self._bitmask is None or self._bitmask.shape[0] < n:
-            self._bitmask = xgr.allocate_token_bitmask(max(n, 8), self.vocab_size)
-        json_rows = []
+        token t next. Every request must be ready (`is_ready`). Also returns an error for each request whose
+        matcher failed: its row allows every token, and the caller must end it."""
+        rows = np.full((len(request_ids), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
         errors: list[InputError] = []
         for i, request_id in enumerate(request_ids):
-            state = self._requests[request_id]
-            try:
-                state.matcher.fill_next_token_bitmask(self._bitmask, i)
-            except Exception as e:  # noqa: BLE001 - this request fails alone
-                self._bitmask[i] = -1
-                errors.append(InputError(message=f"structured output failed: {type(e).__name__}: {e}",
+            future = self._requests[request_id].mask.future
+            error = future.exception()
+            if error is not None:
+                errors.append(InputError(message=f"structured output failed: {type(error).__name__}: {error}",
                                          request_id=request_id, internal=True))
                 continue
-            if state.kind in ("json", "json_object"):
-                json_rows.append(i)
-        # A copy: the buffer is refilled next step, possibly before this step's runner is done with it.
-        bitmask = self._bitmask[:n].numpy().copy()
-        if json_rows:
-            # JSON forbids raw control characters, but xgrammar lets them into length-bounded strings
-            # ({"maxLength": 5}). Compact JSON never needs one outside a string either, so mask them all.
-            bitmask[json_rows] &= self._no_control_bytes
-        return bitmask, errors
+            rows[i] = future.result()
+        return rows, errors
 
     def accept_token(self, request_id: str, token_id: int) -> bool:
         """Advance the request's matcher by its sampled token; True when the grammar is complete and ended by a
@@ -247,12 +284,37 @@ class StructuredOutputManager:
             # stop token the grammar requires). The matcher keeps its state; the next mask continues from there.
             logger.warning("vx structured output: request %r sampled token %d, which its grammar does not allow",
                            request_id, token_id)
+            self._start_mask(state)
             return False
-        return state.matcher.is_terminated()
+        if state.matcher.is_terminated():
+            return True
+        self._start_mask(state)
+        return False
 
     def shutdown(self) -> None:
-        """Cancel queued compiles (running ones finish in the background, on daemon threads)."""
+        """Cancel queued compiles and masks (running ones finish in the background)."""
         self._pool.shutdown()
+        self._masks.shutdown()
+
+    # ------------------------------------------------------------------------------------------------- masks
+    def _start_mask(self, state: _RequestGrammar) -> None:
+        """Start filling the mask of the request's next position (on the slow lane once one of its masks was
+        slow)."""
+        matcher, json_text = state.matcher, state.kind in ("json", "json_object")
+        state.mask = self._masks.start(lambda: self._fill_row(matcher, json_text), slow=state.num_slow_masks > 0)
+
+    def _fill_row(self, matcher: Any, json_text: bool = False) -> np.ndarray:
+        """The int32 bitmask row of the tokens `matcher` allows next (on a mask thread: xgrammar releases the GIL)."""
+        import xgrammar as xgr
+
+        buffer = xgr.allocate_token_bitmask(1, self.vocab_size)
+        matcher.fill_next_token_bitmask(buffer, 0)
+        row = buffer[0].numpy()
+        if json_text:
+            # JSON forbids raw control characters, but xgrammar lets them into length-bounded strings
+            # ({"maxLength": 5}). Compact JSON never needs one outside a string either, so mask them all.
+            row &= self._no_control_bytes
+        return row
 
     # ------------------------------------------------------------------------------------------------ compile
     def _compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
@@ -276,6 +338,15 @@ class StructuredOutputManager:
         if size > limit:  # dropped here: never cached
             raise GrammarError(f"structured_outputs.{kind} compiles to a grammar of {size / 2**20:.1f} MiB, over the "
                                f"engine's limit of {limit / 2**20:.1f} MiB (max_grammar_memory_bytes)")
+        import xgrammar as xgr
+
+        # Small grammars can still be costly to follow (a regex of nested bounded repeats): time a few masks.
+        budget = self.config.mask_budget_s
+        cost = time_fills(xgr.GrammarMatcher(compiled), self._fill_row, _SAMPLE_MASKS, limit_s=budget)
+        if cost > budget:
+            raise GrammarError(f"structured_outputs.{kind} is too costly to follow: one of its next-token masks took "
+                               f"{cost:.2f} s, over the engine's budget of {budget:g} s a step "
+                               "(grammar_mask_budget_s)")
         return compiled
 
     def _get_compiler(self) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request
@@ -38,13 +38,16 @@ from vx.serve.template_sandbox import TemplateLimits, TemplateSandbox
 
 logger = logging.getLogger(__name__)
 
-_STATS_TIMEOUT_S = 10.0  # a stats call the engine does not answer in this long means it is stuck
+_STATS_TIMEOUT_S = 10.0  # how long /metrics waits for the engine's gauges
+# How long /health waits for the engine's answer before it calls the engine busy (it answers between steps).
+_HEALTH_TIMEOUT_S = 2.0
 
 
 class HealthStatus(BaseModel):
-    """What `GET /health` answers while the engine runs."""
+    """What `GET /health` answers while the engine process lives: "ok" when it answered at once, "busy" when it
+    is in a step that takes longer than a couple of seconds."""
 
-    status: str = "ok"
+    status: Literal["ok", "busy"] = "ok"
 
 
 def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key: str | None = None,
@@ -146,13 +149,14 @@ def _v1_router(state: ServerState) -> APIRouter:
 def _add_open_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", response_model=HealthStatus)
     async def health() -> Response:
-        """200 while the engine answers, 503 once it is dead or stuck."""
+        """200 while the engine process lives (status "busy" when it does not answer within a couple of seconds, a
+        long step), 503 once it is dead (its process exited or its pipe closed) or not started."""
         try:
-            with anyio.fail_after(_STATS_TIMEOUT_S):
+            with anyio.move_on_after(_HEALTH_TIMEOUT_S) as waited:
                 await state.llm.stats()
-        except (EngineDeadError, RuntimeError, TimeoutError) as e:
+        except (EngineDeadError, RuntimeError) as e:
             return APIError(f"The engine is not running: {e}", 503, code="engine_dead").response()
-        return JSONResponse(HealthStatus().model_dump())
+        return JSONResponse(HealthStatus(status="busy" if waited.cancelled_caught else "ok").model_dump())
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
