@@ -18,6 +18,7 @@ import signal
 import site
 import subprocess
 import sys
+import traceback
 from typing import BinaryIO, Callable
 
 
@@ -96,6 +97,12 @@ class ModuleProcess:
         if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
+
+
+def describe_exception(e: BaseException) -> str:
+    """`Type: message`, then the traceback: the text a child's error carries to its parent (and on to the user)."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return f"{type(e).__name__}: {e}\n{tb}"
 
 
 def describe_exit(code: int) -> str:

@@ -10,7 +10,6 @@ import logging
 import queue
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 import msgspec
@@ -31,6 +30,7 @@ from vx.core.protocol import (
 )
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
+from vx.module_process import describe_exception
 from vx.core.structured_output import StructuredOutputManager
 from vx.outputs import EngineStats
 
@@ -124,12 +124,6 @@ _STOP = object()  # ends the output thread once everything queued before it is s
 _FAIL = object()  # from the output thread: an output could not be encoded, so the engine must fail
 # The engine's last message (its error) must leave even though the process exits right after.
 OUTPUT_LINGER_MS = 5000
-
-
-def describe_exception(e: BaseException) -> str:
-    """`Type: message`, then the traceback: the text an engine error carries to the client."""
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    return f"{type(e).__name__}: {e}\n{tb}"
 
 
 class EngineCoreProc:

@@ -21,9 +21,9 @@ import zmq  # noqa: E402 - after SIGINT is ignored: importing takes a while
 
 from vx import platform  # noqa: E402
 from vx.config import decode_config  # noqa: E402
-from vx.core.engine_core import OUTPUT_LINGER_MS, EngineCore, EngineCoreProc, describe_exception  # noqa: E402
+from vx.core.engine_core import OUTPUT_LINGER_MS, EngineCore, EngineCoreProc  # noqa: E402
 from vx.core.protocol import EngineCoreReady, encode_output, read_startup  # noqa: E402
-from vx.module_process import watch_parent  # noqa: E402
+from vx.module_process import describe_exception, watch_parent  # noqa: E402
 
 logger = logging.getLogger("vx.core.engine_main")  # `__name__` is "__main__" here
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 
 from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.cache.kv_cache_size import KVCacheSize
+from vx.class_path import load_class
 from vx.config import VxConfig
 from vx.step import ModelRunnerOutput, SchedulerOutput
 
@@ -34,11 +34,7 @@ class Executor(ABC):
             from vx.executor.ray import RayExecutor
 
             return RayExecutor
-        module_name, _, class_name = backend.partition(":")
-        cls = getattr(importlib.import_module(module_name), class_name, None)
-        if not (isinstance(cls, type) and issubclass(cls, Executor)):
-            raise ValueError(f"distributed_executor_backend={backend!r} names no Executor subclass.")
-        return cls
+        return load_class(backend, Executor, "distributed_executor_backend")
 
     @abstractmethod
     def determine_kv_cache_size(self) -> KVCacheSize: ...

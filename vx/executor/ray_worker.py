@@ -33,7 +33,8 @@ class RayWorker:
     def start(self, config_bytes: bytes, rank: int, local_rank: int, init_method: str) -> tuple[bytes, bytes]:
         """Join the ranks' process group and load this rank's shard; the start-up reply."""
         from vx import platform
-        from vx.executor.worker_host import WorkerHost, describe_exception
+        from vx.executor.worker_host import WorkerHost
+        from vx.module_process import describe_exception
         from vx.executor.worker_protocol import STARTUP_SEQ
 
         platform.prefer_openmp_wait_policy()  # before torch is imported

@@ -3,23 +3,17 @@ actor (`ray_worker`) share, so that both kinds of executor run the very same wor
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
-import traceback
 from typing import Any
 
 import msgspec
 
+from vx.class_path import load_class
 from vx.executor.worker_protocol import InitKVCache, WorkerReply, encode
+from vx.module_process import describe_exception
 
 logger = logging.getLogger(__name__)
-
-
-def describe_exception(e: BaseException) -> str:
-    """`Type: message`, then the traceback: the text a worker's error carries to the engine."""
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    return f"{type(e).__name__}: {e}\n{tb}"
 
 
 def worker_class(name: str) -> type:
@@ -28,11 +22,7 @@ def worker_class(name: str) -> type:
 
     if name == "auto":
         return Worker
-    module_name, _, class_name = name.partition(":")
-    cls = getattr(importlib.import_module(module_name), class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Worker)):
-        raise ValueError(f"worker_cls={name!r} names no vx.gpu.worker.Worker subclass.")
-    return cls
+    return load_class(name, Worker, "worker_cls", "vx.gpu.worker.Worker")
 
 
 class WorkerHost:

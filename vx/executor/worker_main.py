@@ -23,7 +23,7 @@ import zmq  # noqa: E402
 
 from vx import platform  # noqa: E402
 from vx.executor.worker_protocol import STARTUP_SEQ, WorkerCall, WorkerReply, encode, read_startup  # noqa: E402
-from vx.module_process import watch_parent  # noqa: E402
+from vx.module_process import describe_exception, watch_parent  # noqa: E402
 
 logger = logging.getLogger("vx.executor.worker_main")  # `__name__` is "__main__" here
 
@@ -44,7 +44,7 @@ def main() -> None:
     replies = ctx.socket(zmq.PUSH)
     replies.setsockopt(zmq.SNDHWM, 0)
     replies.connect(startup.reply_addr)
-    from vx.executor.worker_host import WorkerHost, describe_exception
+    from vx.executor.worker_host import WorkerHost
 
     try:
         host = WorkerHost(startup.config, startup.rank, startup.local_rank, startup.init_method)

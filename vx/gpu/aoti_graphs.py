@@ -137,7 +137,7 @@ def graph_config(config: VxConfig) -> dict[str, Any]:
 def cache_key(config: VxConfig, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...], max_blocks_per_seq: int,
               threads: int) -> str:
     """The digest of everything a package depends on, but the padded size (one package per size under a key)."""
-    from vx import __version__
+    from vx.version import __version__
 
     parts = {
         "format": FORMAT, "config": graph_config(config),
