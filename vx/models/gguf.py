@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from vx.models.gguf_deepseek2 import deepseek2_config
-from vx.models.gguf_header import TensorInfo, read_gguf_header
+from vx.gguf_header import TensorInfo, read_gguf_header
 from vx.models.gguf_weights import check_architecture
 
 

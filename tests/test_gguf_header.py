@@ -8,7 +8,7 @@ import os
 import pytest
 from gguf import GGUFReader
 
-from vx.models.gguf_header import read_gguf_header
+from vx.gguf_header import read_gguf_header
 
 
 def _reader_view(path: str) -> tuple[str, list[tuple]]:
