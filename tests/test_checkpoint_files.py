@@ -22,8 +22,9 @@ from vx.config import EngineArgs
      r"num_hidden_layers=500, but the weights hold tensors of 2 layers \(none of layer 2\)"),
     (dict(vocab_size=1024), r"vocab_size=1024, but the token embedding holds 512 \(rows\)"),
     (dict(hidden_size=128), r"hidden_size=128, but the token embedding holds 64 \(columns\)"),
-    (dict(intermediate_size=1 << 20), r"the config implies at least [\d,]+ weights, which [\d,]+ bytes of weight "
-                                      r"files cannot hold"),
+    # A float checkpoint holds a byte a weight at least (float8): 8x what its files hold is refused, not only 64x.
+    (dict(intermediate_size=8192), r"the config implies at least [\d,]+ weights, which [\d,]+ bytes of weight "
+                                   r"files cannot hold \(at 8 bits a weight, the least their format takes\)"),
 ])
 def test_a_config_claiming_more_than_its_files_hold_is_refused(tiny_model_dir, tmp_path, light, change, message):
     path = with_config(tiny_model_dir, tmp_path / "m", **change)
@@ -70,7 +71,8 @@ def test_a_consistent_gguf_file_passes_with_its_header(tmp_path):
     (dict(**{"llama.embedding_length": 128}), r"llama\.embedding_length=128, but the token embedding holds 64 "
                                                r"\(columns\)"),
     (dict(**{"llama.vocab_size": 32}), r"llama\.vocab_size=32, but the token embedding holds 16 \(rows\)"),
-    (dict(**{"llama.feed_forward_length": 1 << 20}), r"the config implies at least [\d,]+ weights"),
+    (dict(**{"llama.feed_forward_length": 1 << 20}), r"the config implies at least [\d,]+ weights, which [\d,]+ "
+                                                     r"bytes of weight files cannot hold \(at 1 bit a weight"),
     (dict(**{"llama.attention.head_count": 0}), r"llama\.attention\.head_count=0 is out of range"),
     (dict(**{"llama.attention.head_count_kv": 3}), r"llama\.attention\.head_count_kv=3 does not divide"),
     (dict(**{"llama.attention.layer_norm_rms_epsilon": float("nan")}),

@@ -79,7 +79,7 @@ def test_a_string_bomb_is_refused_by_its_count_before_anything_is_stepped_over(t
     path = write_string_bomb(tmp_path / "bomb.gguf")
     start = time.monotonic()
     with pytest.raises(ValueError, match=rf"GGUF file '{path}' is refused: an array of 5000000 items at key "
-                                         r"'tokenizer\.ggml\.tokens' is over vx's limit of 2097152 "
+                                         r"'tokenizer\.ggml\.tokens' is over vx's limit of 1048576 "
                                          r"\(GGUFLimits\.max_array_items\)"):
         read_gguf_header(path)
     assert time.monotonic() - start < 0.5
@@ -90,9 +90,9 @@ def test_a_string_bomb_is_refused_by_its_count_before_anything_is_stepped_over(t
     (GGUFLimits(max_tensors=3), r"\d+ tensors is over vx's limit of 3 \(GGUFLimits\.max_tensors\)"),
     (GGUFLimits(max_array_items=100),
      r"an array of \d+ items at key 'tokenizer\.ggml\.tokens' is over vx's limit of 100 \(GGUFLimits\.max_array"),
-    # The tokens fit, the merges after them do not.
-    (GGUFLimits(max_string_items=TOKENS + 1),
-     rf"\d+ strings in arrays at key 'tokenizer\.ggml\.merges' is over vx's limit of {TOKENS + 1} "),
+    # The tokens and their types fit, the merges after them do not.
+    (GGUFLimits(max_total_array_items=2 * TOKENS + 1), rf"\d+ array items in all at key 'tokenizer\.ggml\.merges' "
+                                                      rf"is over vx's limit of {2 * TOKENS + 1} "),
     (GGUFLimits(max_string_array_bytes=1000), r"bytes of strings in arrays at key 'tokenizer\.ggml\.merges' is over "
                                               r"vx's limit of 1000 \(GGUFLimits\.max_string_array_bytes\)"),
     (GGUFLimits(max_string_bytes=64), r"a string of \d+ bytes at key 'tokenizer\.chat_template' is over vx's limit "

@@ -28,8 +28,10 @@ _SAFETENSORS_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _SAFETENSORS_EMBEDDING = "model.embed_tokens.weight"  # [vocab, hidden] in every family vx runs
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.")
 _GGUF_EMBEDDING = "token_embd.weight"  # [hidden, vocab] in GGML's order
-# The fewest bits a weight is stored in by any format vx reads (GGUF's smallest types take 1.56 to 1.69).
+# The fewest bits a weight is stored in: by any quantized format vx reads (GGUF's smallest types take 1.56 to
+# 1.69), and in a float checkpoint (float8).
 MIN_BITS_PER_WEIGHT = 1
+MIN_BITS_PER_FLOAT_WEIGHT = 8
 
 # What a GGUF header's keys (under "{arch}.") say, as the Hugging Face config fields transformers reads them into.
 GGUF_CONFIG_KEYS: Mapping[str, str] = {
@@ -95,7 +97,8 @@ def check_checkpoint(model_path: str, config: Any) -> None:
         shapes.update(safetensors_shapes(path))
     embedding = shapes.get(_SAFETENSORS_EMBEDDING)
     check_weights(fields, shapes, _SAFETENSORS_LAYER, embedding, sum(os.path.getsize(p) for p in files),
-                  f"{model_path}/config.json")
+                  f"{model_path}/config.json",
+                  min_bits=MIN_BITS_PER_WEIGHT if quantization else MIN_BITS_PER_FLOAT_WEIGHT)
 
 
 def gguf_config_fields(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, str]]:
@@ -142,10 +145,10 @@ def check_gguf_file(path: str) -> GGUFHeader:
 
 def check_weights(fields: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]], layer_pattern: re.Pattern,
                   embedding: tuple[int, ...] | None, file_bytes: int, source: str,
-                  names: Mapping[str, str] | None = None) -> None:
+                  names: Mapping[str, str] | None = None, min_bits: int = MIN_BITS_PER_WEIGHT) -> None:
     """`fields` (range-checked) against the tensors present: a tensor for every layer index below
     num_hidden_layers (`layer_pattern` finds it in a name), the embedding ([vocab, hidden], where present) as wide
-    and as long as the config says, and `file_bytes` enough for `min_weight_count` at MIN_BITS_PER_WEIGHT."""
+    and as long as the config says, and `file_bytes` enough for `min_weight_count` at `min_bits` a weight."""
     names = names or {}
     layers = fields.get("num_hidden_layers")
     if layers:
@@ -160,7 +163,7 @@ def check_weights(fields: Mapping[str, Any], tensors: Mapping[str, tuple[int, ..
                 raise ValueError(f"{source}: {names.get(field, field)}={fields[field]}, but the token embedding "
                                  f"holds {size} ({'rows' if field == 'vocab_size' else 'columns'}).")
     implied = min_weight_count(fields)
-    if implied * MIN_BITS_PER_WEIGHT > 8 * file_bytes:
+    if implied * min_bits > 8 * file_bytes:
         raise ValueError(f"{source}: the config implies at least {implied:,} weights, which {file_bytes:,} bytes of "
-                         f"weight files cannot hold (at {MIN_BITS_PER_WEIGHT} bit a weight, less than any format "
-                         "vx reads).")
+                         f"weight files cannot hold (at {min_bits} bit{'s' if min_bits > 1 else ''} a weight, the "
+                         "least their format takes).")

@@ -35,15 +35,18 @@ _U64 = struct.Struct("<Q")
 
 @dataclass(frozen=True)
 class GGUFLimits:
-    """The most a GGUF header may hold. Real files stay far below: a few dozen keys, vocabularies of up to ~260k
-    tokens (plus as many merges), chat templates of tens of KiB, a few thousand tensors of at most 4 dims."""
+    """The most a GGUF header may hold. Real files stay well below: a few dozen keys, vocabularies of up to ~262k
+    tokens, each with a score and a type, plus up to ~450k merges (~850k array items in all), chat templates of tens
+    of KiB, a few thousand tensors of at most 4 dims. The gguf package's reader, which transformers uses to write a
+    file's config directory, holds ~0.7 KiB per number and ~1.3 KiB per string of an array (measured), so the
+    total of array items bounds what a file within these limits costs it: ~2.7 GiB at most."""
 
     max_keys: int = 1 << 16
     max_string_bytes: int = 1 << 24  # one string: a key, a value or a tensor name (array items: the total below)
-    max_array_items: int = 1 << 21  # one array (nested arrays' items count towards their outer array)
+    max_array_items: int = 1 << 20  # one array (nested arrays' items count towards their outer array)
+    max_total_array_items: int = 1 << 21  # all the file's arrays
     max_array_depth: int = 2  # an array of arrays, no deeper
-    max_string_items: int = 1 << 22  # strings in all the file's arrays
-    max_string_array_bytes: int = 1 << 28  # their bytes
+    max_string_array_bytes: int = 1 << 28  # the bytes of all the strings in the file's arrays
     max_tensors: int = 1 << 16
     max_tensor_dims: int = 4  # GGML_MAX_DIMS
 
@@ -87,7 +90,7 @@ class _Cursor:
     def __init__(self, buf: mmap.mmap, limits: GGUFLimits) -> None:
         self.buf, self.pos, self.limits = buf, 0, limits
         self.where = ""  # what is being read ("at key ..."), for the messages
-        self.string_items = self.string_array_bytes = 0
+        self.array_items = self.string_array_bytes = 0
 
     def over(self, what: str, limit_name: str) -> OverLimitError:
         """The error for `what` (a count or length, with its value) going over the limit `limit_name`."""
@@ -139,14 +142,14 @@ class _Cursor:
         item_type, count = self.unpack("IQ")
         if count > self.limits.max_array_items:
             raise self.over(f"an array of {count} items", "max_array_items")
+        self.array_items += count
+        if self.array_items > self.limits.max_total_array_items:
+            raise self.over(f"{self.array_items} array items in all", "max_total_array_items")
         if item_type in _SCALAR_SIZES:
             self.pos += _SCALAR_SIZES[GGUFValueType(item_type)] * count
             if self.pos > len(self.buf):
                 raise ValueError(f"the array {self.where} runs past the end of the file")
         elif item_type == GGUFValueType.STRING:
-            self.string_items += count
-            if self.string_items > self.limits.max_string_items:
-                raise self.over(f"{self.string_items} strings in arrays", "max_string_items")
             # A vocabulary: the one long loop, kept tight; the bytes it stepped over are checked after it (an item
             # longer than the file makes the next read, or that check, fail).
             start, pos, length_at = self.pos, self.pos, _U64.unpack_from

@@ -157,7 +157,7 @@ HOSTILE = {
     "zero-vocab": (dict(vocab_size=0), r"vocab_size=0 is out of range"),
     "negative-hidden": (dict(hidden_size=-64), r"hidden_size=-64 is out of range"),
     "gguf-string-bomb": (None, r"GGUF file .*bomb\.gguf' is refused: an array of 5000000 items at key "
-                               r"'tokenizer\.ggml\.tokens' is over vx's limit of 2097152 \(GGUFLimits\.max_array_items\)"),
+                               r"'tokenizer\.ggml\.tokens' is over vx's limit of 1048576 \(GGUFLimits\.max_array_items\)"),
     "gguf-huge-layer-count": (None, r"GGUF file .*layers\.gguf': llama\.block_count=1000000000 is out of range"),
 }
 
