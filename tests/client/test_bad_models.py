@@ -157,7 +157,8 @@ HOSTILE = {
     "zero-vocab": (dict(vocab_size=0), r"vocab_size=0 is out of range"),
     "negative-hidden": (dict(hidden_size=-64), r"hidden_size=-64 is out of range"),
     "gguf-string-bomb": (None, r"GGUF file .*bomb\.gguf' is refused: an array of 5000000 items at key "
-                               r"'tokenizer\.ggml\.tokens' is over vx's limit of 1048576 \(GGUFLimits\.max_array_items\)"),
+                               r"'tokenizer\.ggml\.tokens' is over vx's limit of 1048576 "
+                               r"\(GGUFLimits\.max_array_items\)"),
     "gguf-huge-layer-count": (None, r"GGUF file .*layers\.gguf': llama\.block_count=1000000000 is out of range"),
 }
 
@@ -195,6 +196,29 @@ async def test_async_llm_refuses_a_hostile_model_file_as_it_starts(anyio_backend
         async with llm:
             pass
     assert child_pids() <= before
+
+
+def test_why_the_gguf_config_child_failed_reaches_the_value_error(tmp_path, monkeypatch):
+    """A file that passes the header checks but that the child writing its config directory refuses: the child's
+    reason is the ValueError's message (it was "printed above", or nothing when the child was killed)."""
+    from tests.support.hostile_models import write_small_gguf
+
+    monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_small_gguf(tmp_path / "falcon.gguf", arch="falcon")
+    with pytest.raises(ValueError, match=r"Could not read the config of GGUF file .*falcon\.gguf': GGUF architecture "
+                                         r"'falcon' is not supported; supported: llama"):
+        vx.LLM(path, **ENGINE_KWARGS)
+
+
+@pytest.mark.parametrize("returncode, stderr, reason", [
+    (1, b"warning: x\nerror: the reason\n", "the reason"),
+    (-9, b"", "it was killed by SIGKILL (out of memory?), with no message"),
+    (1, b"Traceback ...\nMemoryError\n", "exit code 1; it printed: Traceback ...\nMemoryError"),
+])
+def test_a_child_that_dies_without_an_error_line_is_described(returncode, stderr, reason):
+    from vx.model_source import _child_failure
+
+    assert _child_failure(subprocess.CompletedProcess([], returncode, stderr=stderr)) == reason
 
 
 # Loads each hostile file in a fresh process and reports, per file, how it failed, how long it took and how far it

@@ -46,17 +46,18 @@ def write_string_bomb(path: str | os.PathLike, count: int = 5_000_000, key: str 
 
 
 def write_small_gguf(path: str | os.PathLike, layers_stated: int = 2, layers_stored: int = 2, hidden: int = 64,
-                     vocab: int = 16, **keys: Any) -> str:
-    """A Llama GGUF file of float32 tensors (a token embedding, a norm and an MLP's down projection per stored
+                     vocab: int = 16, arch: str = "llama", **keys: Any) -> str:
+    """A GGUF file (of `arch`, Llama's keys) of float32 tensors (a token embedding, a norm and an MLP's down projection per stored
     layer: as many bytes as the stated model at 1 bit a weight) whose keys state `layers_stated` layers of width
     `hidden`, 4 heads (2 KV), an MLP of 128, a `vocab`-token vocabulary; `keys` ("llama.context_length": 10**12,
     say) add or override keys, as the writer's Python values."""
     path = os.fspath(path)
-    writer = GGUFWriter(path, "llama")
-    stated = {"llama.block_count": layers_stated, "llama.embedding_length": hidden, "llama.feed_forward_length": 128,
-              "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2, "llama.context_length": 256,
-              "llama.attention.layer_norm_rms_epsilon": 1e-6, "llama.rope.freq_base": 10000.0,
-              "tokenizer.ggml.model": "gpt2", **keys}
+    writer = GGUFWriter(path, arch)
+    stated = {f"{arch}.{key}": value for key, value in (
+        ("block_count", layers_stated), ("embedding_length", hidden), ("feed_forward_length", 128),
+        ("attention.head_count", 4), ("attention.head_count_kv", 2), ("context_length", 256),
+        ("attention.layer_norm_rms_epsilon", 1e-6), ("rope.freq_base", 10000.0))}
+    stated.update({"tokenizer.ggml.model": "gpt2", **keys})
     for key, value in stated.items():
         writer.add_key_value(key, value, _value_type(value))
     writer.add_token_list([f"t{i}" for i in range(vocab)])
