@@ -128,6 +128,10 @@ def test_arrays_nested_too_deep_and_lengths_past_the_end_are_refused(tmp_path):
     items = _hand_written(tmp_path / "items.gguf", b"x", struct.pack("<IIQ", array, GGUFValueType.UINT64, 1000))
     with pytest.raises(ValueError, match=r"the array at key 'x' runs past the end of the file"):
         read_gguf_header(items)
-    strings = _hand_written(tmp_path / "strings.gguf", b"x", struct.pack("<IIQQ", array, string, 2, 1 << 40))
-    with pytest.raises(ValueError, match=r"not a readable GGUF file"):
-        read_gguf_header(strings)
+    for length in (1 << 40, (1 << 64) - 1):  # the latter: past what a file offset can be
+        strings = _hand_written(tmp_path / "strings.gguf", b"x", struct.pack("<IIQQ", array, string, 2, length))
+        with pytest.raises(ValueError, match=r"not a readable GGUF file"):
+            read_gguf_header(strings)
+    scalars = _hand_written(tmp_path / "scalars.gguf", b"x", struct.pack("<IIQ", array, GGUFValueType.UINT64, 1 << 20))
+    with pytest.raises(ValueError, match=r"the array at key 'x' runs past the end of the file"):
+        read_gguf_header(scalars)

@@ -181,7 +181,7 @@ def read_gguf_header(path: str, key_prefix: str | None = None, limits: GGUFLimit
             return _read(buf, key_prefix, limits)
     except OverLimitError as e:
         raise OverLimitError(f"GGUF file {path!r} is refused: {e}.") from None
-    except (OSError, struct.error, UnicodeDecodeError, ValueError) as e:
+    except (OSError, struct.error, UnicodeDecodeError, ValueError, OverflowError) as e:  # overflow: a length of 2**63+
         raise ValueError(f"{path!r} is not a readable GGUF file: {e}") from e
 
 
