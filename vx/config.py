@@ -517,6 +517,6 @@ def read_json(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: arrays or objects nested thousands deep
         return {}
     return data if isinstance(data, dict) else {}

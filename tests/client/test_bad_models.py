@@ -46,6 +46,9 @@ def broken_copy(tiny_model_dir: str, tmp_path, damage: str) -> str:
     elif damage == "config-not-json":
         with open(os.path.join(dst, "config.json"), "w") as f:
             f.write("{ this is not json")
+    elif damage == "config-nested-deep":
+        with open(os.path.join(dst, "config.json"), "w") as f:
+            f.write('{"a": ' + "[" * 100_000)
     else:
         raise ValueError(damage)
     return dst
@@ -78,6 +81,7 @@ def test_unknown_engine_argument_lists_the_known_ones(tiny_model_dir):
     ("no-weights", r"No \*\.safetensors weights"),
     ("gpt2", "'GPT2LMHeadModel' is not supported. Supported: " + ", ".join(SUPPORTED)),
     ("config-not-json", "Could not read the model config"),
+    ("config-nested-deep", "Could not read the model config"),
 ])
 def test_broken_model_in_process(tiny_model_dir, tmp_path, damage, message):
     path = broken_copy(tiny_model_dir, tmp_path, damage)
