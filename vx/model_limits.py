@@ -118,20 +118,21 @@ def _check_heads(fields: Mapping[str, Any], fail: Any) -> None:
         raise fail("hidden_size", f"is not a multiple of num_attention_heads={heads} (no head_dim is given)")
 
 
-def _non_finite(value: Any, name: str = "") -> tuple[str, float] | None:
-    """The first NaN or infinity anywhere in a config (JSON admits neither, Python's reader does), with its path."""
-    if isinstance(value, float):
-        return None if math.isfinite(value) else (name, value)
-    if isinstance(value, Mapping):
-        items = value.items()
-    elif isinstance(value, (list, tuple)):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        found = _non_finite(item, f"{name}.{key}" if name else str(key))
-        if found is not None:
-            return found
+def _non_finite(fields: Mapping[str, Any]) -> tuple[str, float] | None:
+    """The first NaN or infinity anywhere in a config (JSON admits neither, Python's reader does), with its path.
+    Walked with a stack of its own: a config may nest as deep as the JSON reader allowed."""
+    stack: list[tuple[str, Any]] = [("", fields)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return name, value
+        if isinstance(value, Mapping):
+            items: Any = value.items()
+        elif isinstance(value, (list, tuple)):
+            items = enumerate(value)
+        else:
+            continue
+        stack.extend((f"{name}.{key}" if name else str(key), item) for key, item in reversed(list(items)))
     return None
 
 
