@@ -213,6 +213,9 @@ def test_a_config_is_resolved_through_transformers_once_then_from_the_cache(tmp_
     assert out.split() == ["128", "False"]
     with pytest.raises(ValueError, match="unknown model_type 'nonsense'"):
         resolve_hf_config(dict(base, model_type="nonsense"), "m")
+    # A config sent to the engine without EngineArgs' checks: refused before transformers builds 10**9 layer types.
+    with pytest.raises(ValueError, match="num_hidden_layers=1000000000 is out of range"):
+        resolve_hf_config(dict(base, model_type="qwen3", num_hidden_layers=10**9), "m")
 
 
 def test_the_engine_process_runs_the_model_without_importing_transformers(tiny_model_dirs, tmp_path, monkeypatch):

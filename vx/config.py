@@ -19,7 +19,9 @@ from vx import platform
 from vx.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
                              default_grammar_compile_workers)
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
+from vx.checkpoint_files import check_checkpoint
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
+from vx.model_limits import check_model_config
 from vx.hf_config import (HFConfig, ResolvedHFConfig, config_fields, hf_head_dim, hf_is_mla, hf_kv_cache_dims,
                           hf_num_kv_heads, resolve_hf_config)
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
@@ -230,6 +232,7 @@ class EngineArgs:
             raise ValueError(f"{model_path}/config.json names no 'architectures'; cannot pick a model class.")
         if (reason := unsupported_architecture(archs[0])) is not None:
             raise ValueError(f"{model_path}: {reason}")
+        check_checkpoint(model_path, hf_config)
         dtype = platform.resolve_dtype(self.dtype, device, hf_config)
         derived_max = _derive_max_model_len(hf_config)
         if self.max_model_len is None:
@@ -453,10 +456,14 @@ def _resolve_tokenizer_path(tokenizer: str) -> str:
 def _load_hf_config(path: str) -> Any:
     from transformers import AutoConfig
 
+    # As the file says first: transformers' config classes build per-layer lists from the layer count, and so on.
+    check_model_config(read_json(os.path.join(path, "config.json")), f"{path}/config.json")
     try:
-        return AutoConfig.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
     except Exception as e:  # transformers raises many kinds here
         raise ValueError(f"Could not read the model config in {path!r}: {e}") from e
+    check_model_config(config, f"{path}/config.json (with its model type's defaults)")
+    return config
 
 
 def encode_config(config: VxConfig) -> bytes:
@@ -487,6 +494,7 @@ def _read_hf_config_json(path: str) -> HFConfig:
         raise ValueError(f"Could not read the model config in {path!r}: config.json is missing or not JSON.")
     if not isinstance(raw.get("vocab_size"), int):
         raise ValueError(f"{path}/config.json has no integer 'vocab_size'.")
+    check_model_config(raw, f"{path}/config.json")
     return HFConfig(raw)
 
 
@@ -515,6 +523,6 @@ def read_json(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: arrays or objects nested thousands deep
         return {}
     return data if isinstance(data, dict) else {}

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from vx import envs
+from vx.model_limits import check_model_config
 
 
 class HFConfig(dict):
@@ -105,7 +106,9 @@ def resolved_config_path(fields: dict[str, Any]) -> str:
 
 def resolve_hf_config(fields: dict[str, Any], model_path: str) -> ResolvedHFConfig:
     """config.json's `fields` with every default transformers fills in for the model type: from the cache when the
-    same fields were resolved before with this transformers, else through transformers (then cached)."""
+    same fields were resolved before with this transformers, else through transformers (then cached). The fields
+    are range-checked first (vx.model_limits): transformers builds per-layer lists from them."""
+    check_model_config(fields, f"the model config of {model_path!r}")
     path = resolved_config_path(fields)
     try:
         with open(path, "rb") as f:

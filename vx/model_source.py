@@ -18,10 +18,12 @@ import importlib.util
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 from vx import envs
+from vx.checkpoint_files import check_gguf_file
 
 logger = logging.getLogger(__name__)
 
@@ -120,17 +122,36 @@ def ensure_gguf_config(gguf_path: str) -> str:
             return target
         tmp = target + ".partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        # stderr passes through: the reason, if transformers cannot read the file
+        # The header within its limits, the shape it states within range and against its tensors: a hostile file
+        # fails here, before the child's readers materialize its metadata.
+        check_gguf_file(gguf_path)
         proc = subprocess.run([sys.executable, "-m", "vx.models.gguf", os.path.realpath(gguf_path), tmp],
-                              stdout=subprocess.DEVNULL, stderr=None)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ValueError(f"Could not read the config of GGUF file {gguf_path!r} (exit code {proc.returncode}); "
-                             "the reason is printed above.")
+            raise ValueError(f"Could not read the config of GGUF file {gguf_path!r}: {_child_failure(proc)}")
+        if proc.stderr:
+            logger.debug("Reading %s's config: %s", gguf_path, proc.stderr.decode(errors="replace"))
         open(os.path.join(tmp, _COMPLETE_MARK), "w").close()
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)
     return target
+
+
+def _child_failure(proc: subprocess.CompletedProcess) -> str:
+    """Why the config-writing child failed: its `error:` line, else the end of what it printed, else how it ended."""
+    text = proc.stderr.decode(errors="replace").strip() if proc.stderr else ""
+    errors = [line for line in text.splitlines() if line.startswith("error: ")]
+    if errors:
+        return errors[-1].removeprefix("error: ")
+    tail = f"; it printed: {text[-2000:]}" if text else ", with no message"
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return f"it was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "") + tail
+    return f"exit code {proc.returncode}{tail}"
 
 
 def is_hub_id(model: str) -> bool:

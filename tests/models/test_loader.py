@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -123,3 +124,17 @@ def test_wrong_shape_is_refused(tiny_model, tmp_path):
     save_file(tensors, path, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="does not match"):
         LOAD(dst, tiny.config, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_hidden_layers", 10**9, "num_hidden_layers=1000000000 is out of range"),
+    ("rms_norm_eps", float("nan"), "rms_norm_eps=nan is not a finite number"),
+    ("num_attention_heads", 0, "num_attention_heads=0 is out of range"),
+])
+def test_a_config_out_of_range_is_refused_before_the_model_is_built(tiny_model, field, value, message):
+    """A config that did not come through EngineArgs (which checks it first) is checked by the loader too."""
+    tiny = tiny_model("llama")
+    config = copy.deepcopy(tiny.config)
+    setattr(config, field, value)  # as transformers' own checks would not let it be built
+    with pytest.raises(ValueError, match=f"the model config of '{tiny.path}': {message}"):
+        LOAD(tiny.path, config, torch.float32, "cpu")

@@ -20,21 +20,10 @@ import os
 import sys
 from typing import Any
 
+from vx.checkpoint_files import checked_gguf_header
 from vx.models.gguf_deepseek2 import deepseek2_config
-from vx.models.gguf_header import TensorInfo, read_gguf_header
+from vx.gguf_header import TensorInfo, read_gguf_header
 from vx.models.gguf_weights import check_architecture
-
-
-def gguf_architecture(path: str) -> str:
-    """The `general.architecture` of a GGUF file (read with the gguf package, header only)."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-        field = reader.fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    except Exception as e:  # the gguf package raises many kinds on a bad file
-        raise ValueError(f"{path!r} is not a readable GGUF file: {e}") from e
 
 
 def write_gguf_config(src: str, dst: str) -> None:
@@ -42,7 +31,10 @@ def write_gguf_config(src: str, dst: str) -> None:
     from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    arch = gguf_architecture(src)
+    # The header within vx's limits and its shape within range first (the parent checked the file whole, but this
+    # module also runs on its own): the readers below materialize every metadata value and build per-layer lists.
+    header, _, _ = checked_gguf_header(src)
+    arch = header.architecture
     check_architecture(arch)
     src = os.path.realpath(src)
     folder, name = os.path.split(src)
@@ -58,7 +50,7 @@ def write_gguf_config(src: str, dst: str) -> None:
     cfg = config.to_dict()
     cfg["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     cfg["quantization_config"] = {"quant_method": "gguf", "gguf_file": src,
-                                  "row_parallel_block": row_parallel_block(read_gguf_header(src).tensors)}
+                                  "row_parallel_block": row_parallel_block(header.tensors)}
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     gen = {"eos_token_id": cfg.get("eos_token_id"), "bos_token_id": cfg.get("bos_token_id")}

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from vx.config import hf_num_kv_heads
-from vx.models.gguf_header import TensorInfo, read_gguf_header
+from vx.gguf_header import TensorInfo, read_gguf_header
 from vx.models.layers.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYPES, row_bytes, type_name
 
 logger = logging.getLogger(__name__)

@@ -4,22 +4,19 @@
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
-import os
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 from torch import nn
 
+from vx.checkpoint_files import safetensors_files
+from vx.model_limits import check_model_config
 from vx.models.layers.quantization import QuantizationConfig, process_weights_after_loading
 from vx.models.registry import resolve_model_class
 from vx.platform import release_free_heap
 
 if TYPE_CHECKING:
     from vx.distributed import GroupCoordinator
-
-_INDEX_FILE = "model.safetensors.index.json"
 
 
 @contextlib.contextmanager
@@ -31,29 +28,6 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(old)
-
-
-def safetensors_files(model_path: str) -> list[str]:
-    """The checkpoint files: those named in the shard index if present, else every *.safetensors."""
-    if not os.path.isdir(model_path):
-        raise ValueError(f"Model path {model_path!r} is not a directory.")
-    index = os.path.join(model_path, _INDEX_FILE)
-    if os.path.isfile(index):
-        try:
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"Cannot read the shard index {index!r}: {e}") from e
-        files = [os.path.join(model_path, name) for name in sorted(set(weight_map.values()))]
-        missing = [p for p in files if not os.path.isfile(p)]
-        if missing:
-            raise ValueError(f"Shard index {index!r} names missing file(s): "
-                             f"{', '.join(os.path.basename(p) for p in missing)}.")
-        return files
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if not files:
-        raise ValueError(f"No *.safetensors weights found in {model_path!r}.")
-    return files
 
 
 def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -92,6 +66,8 @@ class DefaultModelLoader:
         if not archs:
             raise ValueError("The model config names no 'architectures'; cannot pick a model class.")
         model_cls = resolve_model_class(archs[0])
+        # The config may not have come through EngineArgs (which checked it): nothing is allocated from bad shapes.
+        check_model_config(hf_config, f"the model config of {model_path!r}")
         if quant_config is not None:
             quant_config.verify(torch.device(device), dtype)
             quant_config.packed_modules_mapping = getattr(model_cls, "packed_modules_mapping", {})
