@@ -28,6 +28,8 @@ from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRe
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
 from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled, starts_inside
+from vx.serve.request_limits import (check_logprob_entries, check_request_tokens, check_sequences,
+                                     check_stop_and_bad_words)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tool_grammar import auto_tool_constraint
@@ -102,6 +104,8 @@ def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
 async def _create(state: ServerState, req: ChatCompletionRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
     check_request_shape(req)
+    check_sequences(1, req.n, state.options, state.max_n_sequences)
+    check_stop_and_bad_words(req, state.options)
     tool_choice = _tool_choice(req)
     _check_json_fields(req, state.options.max_json_depth)
     tools_constraint, tools_param = _tools_constraint(req, tool_choice)
@@ -128,6 +132,11 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
     max_tokens, max_param = ((req.max_completion_tokens, "max_completion_tokens")
                              if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
     check_context_length(len(prompt_ids), max_tokens, state.max_model_len, param=max_param, prompt_name="messages")
+    check_request_tokens([len(prompt_ids)], req.n, max_tokens, state.max_model_len, state.options,
+                         max_tokens_param=max_param)
+    check_logprob_entries([len(prompt_ids)], req.n, max_tokens, state.max_model_len, state.options,
+                          logprobs=top_n if req.logprobs else None, echo=False,
+                          param="top_logprobs" if req.top_logprobs else "logprobs")
     params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
                              structured=structured)
     params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
