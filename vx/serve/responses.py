@@ -69,6 +69,8 @@ def _responses_params() -> Iterator[None]:
             e.param = "input"  # instructions shift the messages, so no index would be right
         elif param.startswith("tools.") and param.endswith(".function.parameters"):
             e.param = param.replace(".function.parameters", ".parameters")
+        if param and e.param != param and e.message.startswith(param + ":"):  # a message that opens with the field
+            e.message = f"{e.param}{e.message[len(param):]}"
         raise
 
 
