@@ -29,6 +29,16 @@ class ServerOptions:
     max_concurrent_requests: int = field(default=512, metadata={"help": (
         "generation requests (completions, chat, responses, embeddings) handled at once; more are answered 429 "
         "with Retry-After")})
+    max_requests_per_client: int = field(default=256, metadata={"help": (
+        "generation requests one client address (an IPv6 /64) may have in flight, its body still arriving or "
+        "running; more are answered 429 with Retry-After. Half of the default --max-concurrent-requests: one "
+        "client, however busy or slow, leaves the other half to everyone else. In-process requests "
+        "(vx.openai_client) are not counted. Behind a reverse proxy every client has the proxy's address unless "
+        "uvicorn trusts its X-Forwarded-For (FORWARDED_ALLOW_IPS): raise this to --max-concurrent-requests then")})
+    max_bodies_per_client: int = field(default=64, metadata={"help": (
+        "request bodies one client address may be sending at once; more are answered 429 with Retry-After. A "
+        "body takes milliseconds to arrive from a working client, so only a client that sends slowly, up to "
+        "--body-timeout, gets near this; it holds only this many request slots while it does")})
     max_prompts: int = field(default=2048, metadata={"help": (
         "prompts in one completions request, and inputs in one embeddings request (OpenAI's embeddings limit); "
         "each is an engine request: 400 beyond")})
@@ -41,8 +51,8 @@ class ServerOptions:
         "context; more is a batch job for vx.LLM")})
     max_logprob_entries: int = field(default=2 ** 20, metadata={"help": (
         "log-probabilities one response may carry: each sample's positions (the echoed prompt and the generated "
-        "tokens) times (logprobs + 1), summed over samples; 400 beyond. About 30-60 MB of JSON at the default, "
-        "enough for 20 top logprobs over 49,000 positions")})
+        "tokens) times (logprobs + 1), summed over samples; 400 beyond. Each is a few tens of bytes of JSON; the "
+        "default allows 20 top logprobs over 49,000 positions")})
     max_stop_strings: int = field(default=MAX_STOP_STRINGS, metadata={"help": (
         "stop strings in one request (every sample's new text is searched for each, per token); 400 beyond. "
         "OpenAI takes 4; vx.SamplingParams' own bound is the most this may be")})
