@@ -35,6 +35,7 @@ RESPONSES = [
      "tools.0.parameters"),
     ("streaming named", {"tools": [{"type": "function", "name": "f", "parameters": BIG}], "stream": True,
                          "tool_choice": {"type": "function", "name": "f"}}, "tools.0.parameters"),
+    ("strict auto", {"tools": [{"type": "function", "name": "f", "parameters": BIG, "strict": True}]}, "tools"),
 ]
 
 

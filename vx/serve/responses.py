@@ -155,7 +155,7 @@ def _chat_tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:
     if tool.get("type") != "function":
         raise bad_request(f"tools[{i}] is a {tool.get('type')!r} tool; vx runs function tools only.",
                           f"tools.{i}.type")
-    function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
     return {"type": "function", "function": function}
 
 
