@@ -198,7 +198,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def client_key(scope: Scope) -> str | None:
     """Whose share a request counts against: its peer's IP address, or for IPv6 the address's /64 network (one
     host usually holds a whole /64); None for an in-process request, which counts against no share."""
-    if IN_PROCESS in scope.get("extensions", {}):
+    if IN_PROCESS in (scope.get("extensions") or {}):
         return None
     peer = scope.get("client")
     host = str(peer[0]) if peer else ""  # a Unix socket has no peer address: all its clients share one key
