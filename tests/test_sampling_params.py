@@ -123,7 +123,8 @@ def test_bounds_are_inclusive():
 def test_stop_strings_and_bad_words_are_bounded_for_every_caller():
     """What a hostile request sent (64 stop strings of 1 KiB, 1,024 bad words of 1 KiB) is refused by count and by
     length: the engine's per-token work grows with both."""
-    assert (sp.MAX_STOP_STRINGS, sp.MAX_STOP_STRING_CHARS, sp.MAX_BAD_WORDS, sp.MAX_BAD_WORD_CHARS) == (32, 256, 256, 128)
+    bounds = (sp.MAX_STOP_STRINGS, sp.MAX_STOP_STRING_CHARS, sp.MAX_BAD_WORDS, sp.MAX_BAD_WORD_CHARS)
+    assert bounds == (32, 256, 256, 128)
     with pytest.raises(ValueError, match="stop has 64 entries; at most 32 are allowed"):
         SamplingParams(n=128, stop=["x" * 1024] * 64)
     with pytest.raises(ValueError, match="stop entry of 1024 characters is too long; at most 256"):

@@ -1,7 +1,8 @@
-"""One client cannot hold every request slot (vx/serve/guard.py): its generation requests in flight and its bodies
-still arriving are capped per peer address, so 520 connections that send their bodies slowly from one address
-(127.0.0.2) hold only its share while a request from another address (127.0.0.1) is served; in-process requests
-are held to no share. The guard's counting is also checked on its own, with a stand-in app and small limits."""
+"""One client cannot hold every request slot (vx/serve/guard.py): its generation requests in flight are capped per
+peer address, and so are its bodies that are slow to arrive. 520 connections that send their bodies slowly from one
+address (127.0.0.2) hold only its share while a request from another address (127.0.0.1) is served; in-process
+requests are held to no share. The guard's counting is also checked on its own, with a stand-in app and small
+limits."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.support.server import API_KEY, MODEL, metric, read_response, request_
 
 from vx.serve.asgi_transport import IN_PROCESS
 from vx.serve.guard import RequestGuard, client_key
+from vx.serve.inflight import SLOW_BODY_S, InFlight
 from vx.serve.options import ServerOptions
 from vx.serve.state import ServerState
 
@@ -33,30 +35,59 @@ def _slow_body(server) -> socket.socket:
     return sock
 
 
+def _answers(socks: list[socket.socket], at_least: int, timeout: float = 20) -> list:
+    """The responses that come on `socks` (answered sockets are removed): at least `at_least` of them, then until
+    none comes for half a second, or `timeout` s."""
+    answers = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = select.select(socks, [], [], 0.5)[0]
+        if not ready and len(answers) >= at_least:
+            break
+        for sock in ready:
+            answers.append(read_response(sock))
+            socks.remove(sock)
+    return answers
+
+
 def test_slow_bodies_from_one_address_hold_only_its_share(server):
-    share = ServerOptions().max_bodies_per_client
+    options = ServerOptions()
+    share, slow_share = options.max_requests_per_client, options.max_slow_bodies_per_client
+    assert slow_share < share < options.max_concurrent_requests < SLOW_CLIENTS
     socks: list[socket.socket] = []
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30) as http:
         refused_before = metric(http, "vx_rejected_requests_total", 'reason="too_many_from_client"')
         try:
             socks = [_slow_body(server) for _ in range(SLOW_CLIENTS)]
-            waiting, answers = list(socks), []
-            deadline = time.monotonic() + 20
-            while len(answers) < SLOW_CLIENTS - share and time.monotonic() < deadline:
-                for sock in select.select(waiting, [], [], 0.5)[0]:
-                    answers.append(read_response(sock))
-                    waiting.remove(sock)
-            assert len(waiting) == share, f"{len(waiting)} slow bodies are being read; the share is {share}"
+            held = list(socks)
+            answers = _answers(held, SLOW_CLIENTS - share)
+            # All of the share, unless connecting took over a second: then the slow-body share stopped them sooner.
+            assert slow_share <= len(held) <= share, f"{len(held)} slow bodies are being read; the share is {share}"
             assert all(a.status == 429 and a.headers["retry-after"] == "1" for a in answers)
             assert {a.json()["error"]["code"] for a in answers} == {"too_many_requests"}
-            assert "max-bodies-per-client" in answers[0].json()["error"]["message"]
-            assert metric(http, "vx_requests_in_flight") == share  # the slots the slow bodies hold
+            named = {m.split("(--")[1].split(")")[0] for m in (a.json()["error"]["message"] for a in answers)}
+            assert named == {"max-requests-per-client"} if len(held) == share else \
+                named <= {"max-requests-per-client", "max-slow-bodies-per-client"}
+            assert metric(http, "vx_requests_in_flight") == len(held)  # the slots the slow bodies hold
             start = time.monotonic()
             ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
             assert ok.status_code == 200, ok.text  # 127.0.0.1 is another client: served at once
             assert time.monotonic() - start < 10
+
+            # Most of them leave; the client keeps as many slow bodies as it may: a new one is refused for that,
+            # though it is far below its share of requests.
+            for sock in held[slow_share:]:
+                sock.close()
+            deadline = time.monotonic() + 10
+            while metric(http, "vx_requests_in_flight") > slow_share:
+                assert time.monotonic() < deadline, "the closed connections' slots were not freed"
+                time.sleep(0.05)
+            time.sleep(SLOW_BODY_S)  # those kept are slow now, whenever they came
+            socks.append(_slow_body(server))
+            (refused,) = _answers([socks[-1]], 1, timeout=10)
+            assert refused.status == 429 and "--max-slow-bodies-per-client" in refused.json()["error"]["message"]
             assert metric(http, "vx_rejected_requests_total", 'reason="too_many_from_client"') == \
-                refused_before + SLOW_CLIENTS - share
+                refused_before + len(answers) + 1
         finally:
             for sock in socks:
                 sock.close()
@@ -84,8 +115,8 @@ class HeldApp:
         await send({"type": "http.response.body", "body": b"{}"})
 
 
-async def _request(guard: RequestGuard, host: str | None, statuses: list[int], *, body_arrives: anyio.Event | None = None,
-                   in_process: bool = False) -> None:
+async def _request(guard: RequestGuard, host: str | None, statuses: list[int], *,
+                   body_arrives: anyio.Event | None = None, in_process: bool = False) -> None:
     """POST /v1/completions from `host` through `guard`, its body held back until `body_arrives` is set; appends the
     response status to `statuses`."""
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"content-length", b"2")],
@@ -105,9 +136,11 @@ async def _request(guard: RequestGuard, host: str | None, statuses: list[int], *
     await guard(scope, receive, send)
 
 
-def _guard(**options) -> tuple[RequestGuard, HeldApp]:
+def _guard(slow_body_s: float = SLOW_BODY_S, **options) -> tuple[RequestGuard, HeldApp]:
     app = HeldApp()
-    return RequestGuard(app, ServerState(llm=None, served_model_names=[MODEL], options=ServerOptions(**options))), app
+    state = ServerState(llm=None, served_model_names=[MODEL], options=ServerOptions(**options),
+                        inflight=InFlight(slow_body_s))
+    return RequestGuard(app, state), app
 
 
 @pytest.mark.anyio
@@ -131,8 +164,9 @@ async def test_generation_requests_are_capped_per_client_but_not_in_process(anyi
 
 @pytest.mark.anyio
 @BOTH_BACKENDS
-async def test_bodies_still_arriving_are_capped_per_client(anyio_backend):
-    guard, app = _guard(max_bodies_per_client=1, max_requests_per_client=10)
+async def test_bodies_slow_to_arrive_are_capped_per_client(anyio_backend):
+    # slow_body_s=0: every body still arriving is a slow one
+    guard, app = _guard(slow_body_s=0.0, max_slow_bodies_per_client=1, max_requests_per_client=10)
     statuses: list[int] = []
     body = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -140,15 +174,32 @@ async def test_bodies_still_arriving_are_capped_per_client(anyio_backend):
         await anyio.wait_all_tasks_blocked()
         # Another address in the same /64 is the same client: refused while the first body is still arriving.
         await _request(guard, "2001:db8::2", statuses, body_arrives=body)
-        assert statuses == [429] and guard.state.inflight.bodies_for("2001:db8::/64") == 1
+        assert statuses == [429] and guard.state.inflight.slow_bodies_for("2001:db8::/64") == 1
         tg.start_soon(lambda: _request(guard, "2001:db9::1", statuses, body_arrives=body))  # another /64
         await anyio.wait_all_tasks_blocked()
         assert statuses == [429]
         body.set()
         await anyio.wait_all_tasks_blocked()
-        assert app.reached == 2 and guard.state.inflight.bodies_for("2001:db8::/64") == 0  # body in: not counted
+        assert app.reached == 2 and guard.state.inflight.slow_bodies_for("2001:db8::/64") == 0  # body in
         app.release.set()
     assert sorted(statuses) == [200, 200, 429]
+
+
+@pytest.mark.anyio
+@BOTH_BACKENDS
+async def test_a_burst_of_bodies_arriving_at_once_is_not_slow(anyio_backend):
+    guard, app = _guard(max_slow_bodies_per_client=1, max_requests_per_client=10)
+    statuses: list[int] = []
+    body = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):  # every body still on its way, none for long
+            tg.start_soon(lambda: _request(guard, "10.0.0.1", statuses, body_arrives=body))
+        await anyio.wait_all_tasks_blocked()
+        body.set()
+        await anyio.wait_all_tasks_blocked()
+        assert app.reached == 5
+        app.release.set()
+    assert statuses == [200] * 5
 
 
 def test_a_client_is_its_address_or_its_ipv6_64():

@@ -6,8 +6,8 @@ In order, for each HTTP request:
 2. a `/v1/*` path without the API key: 401, before a byte of the body is read (a constant-time compare);
 3. a generation request (POST completions, chat, responses or embeddings) beyond `max_concurrent_requests`, or
    beyond its client's share, `max_requests_per_client`: 429 with `Retry-After`;
-4. a body while its client already sends `max_bodies_per_client` of them: 429 with `Retry-After`, so that a
-   client that sends slowly holds only its own share of the request slots;
+4. a request with a body while its client is slow to send `max_slow_bodies_per_client` others (each arriving
+   for over a second): 429 with `Retry-After`, so that a client that sends slowly cannot go on taking slots;
 5. a `Content-Length` over `max_body_bytes`: 413 before the body is read;
 6. the body is read with a running count, 413 as soon as it passes the limit (chunked bodies too, so memory
    never holds more than the limit), and within `body_timeout` seconds, 408 after that;
@@ -87,9 +87,9 @@ class RequestGuard:
             if generation and state.inflight.generating_for(client) >= options.max_requests_per_client:
                 return "too_many_from_client", _over_share(
                     f"{options.max_requests_per_client} generation requests in flight", "max_requests_per_client")
-            if _may_have_body(scope) and state.inflight.bodies_for(client) >= options.max_bodies_per_client:
+            if _may_have_body(scope) and state.inflight.slow_bodies_for(client) >= options.max_slow_bodies_per_client:
                 return "too_many_from_client", _over_share(
-                    f"{options.max_bodies_per_client} request bodies arriving", "max_bodies_per_client")
+                    f"{options.max_slow_bodies_per_client} request bodies slow to arrive", "max_slow_bodies_per_client")
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > options.max_body_bytes:
             return "too_large", _too_large(options.max_body_bytes)

@@ -2,7 +2,10 @@
 
 Each request runs inside its own cancel scope, registered here by the request guard, with the client it came from
 (`None` for one that no per-client share applies to: in-process requests). The guard counts, per client, the
-generation requests in flight and the request bodies still arriving, so that one client cannot hold every slot.
+generation requests in flight and the request bodies that are slow to arrive, so that one client cannot hold every
+slot. A body is slow once it has been arriving for `slow_body_s`: a working client's bodies arrive within
+milliseconds, but a burst of its requests may have every body arriving at once, so only time tells a slow
+sender apart.
 A shutdown first sets `draining` (new requests get 503), waits for the running ones, then calls `stop_all()`:
 every scope is cancelled and the guard ends each response properly (an error event and `[DONE]` for a stream,
 503 otherwise).
@@ -11,19 +14,25 @@ every scope is cancelled and the guard ends each response properly (an error eve
 from __future__ import annotations
 
 import contextlib
+import itertools
+import time
 from collections import Counter
 from typing import Iterator
 
 import anyio
 
+SLOW_BODY_S = 1.0  # a body still arriving after this long is a slow one
+
 
 class InFlight:
     """The running requests of one app (no global state: two apps never share it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow_body_s: float = SLOW_BODY_S) -> None:
+        self.slow_body_s = slow_body_s
         self._scopes: dict[anyio.CancelScope, bool] = {}  # scope -> is a generation request
         self._generating: Counter[str] = Counter()  # client -> its generation requests in flight
-        self._bodies: Counter[str] = Counter()  # client -> its request bodies still arriving
+        self._bodies: dict[str, dict[int, float]] = {}  # client -> {body: when it began to arrive}
+        self._body_ids = itertools.count()
         self.draining = False  # the server is stopping: refuse new requests
         self.stopping = False  # the grace period is over: running requests are being ended
 
@@ -42,9 +51,10 @@ class InFlight:
         """Generation requests of `client` now running (their bodies still arriving, or being answered)."""
         return self._generating[client]
 
-    def bodies_for(self, client: str) -> int:
-        """Request bodies of `client` still arriving."""
-        return self._bodies[client]
+    def slow_bodies_for(self, client: str) -> int:
+        """Request bodies of `client` that have been arriving for longer than `slow_body_s`."""
+        began_before = time.monotonic() - self.slow_body_s
+        return sum(began <= began_before for began in self._bodies.get(client, {}).values())
 
     @contextlib.contextmanager
     def track(self, generation: bool, client: str | None = None) -> Iterator[anyio.CancelScope]:
@@ -58,9 +68,18 @@ class InFlight:
 
     @contextlib.contextmanager
     def receiving_body(self, client: str | None) -> Iterator[None]:
-        """Count a body of `client` as arriving while the block runs."""
-        with _counted(self._bodies, client):
+        """Note a body of `client` (none for None) as arriving while the block runs."""
+        if client is None:
             yield
+            return
+        body, bodies = next(self._body_ids), self._bodies.setdefault(client, {})
+        bodies[body] = time.monotonic()
+        try:
+            yield
+        finally:
+            del bodies[body]
+            if not bodies:
+                del self._bodies[client]
 
     def stop_all(self) -> int:
         """Cancel every running request (each is then ended by its guard); returns how many there were."""

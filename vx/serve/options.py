@@ -29,16 +29,18 @@ class ServerOptions:
     max_concurrent_requests: int = field(default=512, metadata={"help": (
         "generation requests (completions, chat, responses, embeddings) handled at once; more are answered 429 "
         "with Retry-After")})
-    max_requests_per_client: int = field(default=256, metadata={"help": (
+    max_requests_per_client: int = field(default=384, metadata={"help": (
         "generation requests one client address (an IPv6 /64) may have in flight, its body still arriving or "
-        "running; more are answered 429 with Retry-After. Half of the default --max-concurrent-requests: one "
-        "client, however busy or slow, leaves the other half to everyone else. In-process requests "
-        "(vx.openai_client) are not counted. Behind a reverse proxy every client has the proxy's address unless "
-        "uvicorn trusts its X-Forwarded-For (FORWARDED_ALLOW_IPS): raise this to --max-concurrent-requests then")})
-    max_bodies_per_client: int = field(default=64, metadata={"help": (
-        "request bodies one client address may be sending at once; more are answered 429 with Retry-After. A "
-        "body takes milliseconds to arrive from a working client, so only a client that sends slowly, up to "
-        "--body-timeout, gets near this; it holds only this many request slots while it does")})
+        "running; more are answered 429 with Retry-After. Three quarters of the default --max-concurrent-requests "
+        "(raise the two together): a busy client, such as a load test or a batch job, may use most of the server, "
+        "and a quarter is always left to everyone else. In-process requests (vx.openai_client) are not counted. "
+        "Behind a reverse proxy every client has the proxy's address unless uvicorn trusts its X-Forwarded-For "
+        "(FORWARDED_ALLOW_IPS): raise this to --max-concurrent-requests then")})
+    max_slow_bodies_per_client: int = field(default=64, metadata={"help": (
+        "request bodies one client address may be slow to send (still arriving after a second; a working client's "
+        "arrive within milliseconds, however many it sends at once); while it has this many, its new requests with "
+        "a body are answered 429 with Retry-After. A slow sender holds a request slot for up to --body-timeout "
+        "each: this stops it from taking more")})
     max_prompts: int = field(default=2048, metadata={"help": (
         "prompts in one completions request, and inputs in one embeddings request (OpenAI's embeddings limit); "
         "each is an engine request: 400 beyond")})
