@@ -6,6 +6,7 @@ generation requests in flight and the request bodies that are slow to arrive, so
 slot. A body is slow once it has been arriving for `slow_body_s`: a working client's bodies arrive within
 milliseconds, but a burst of its requests may have every body arriving at once, so only time tells a slow
 sender apart.
+
 A shutdown first sets `draining` (new requests get 503), waits for the running ones, then calls `stop_all()`:
 every scope is cancelled and the guard ends each response properly (an error event and `[DONE]` for a stream,
 503 otherwise).
