@@ -120,6 +120,25 @@ def test_bounds_are_inclusive():
         SamplingParams(max_tokens=None, min_tokens=2**63)
 
 
+def test_stop_strings_and_bad_words_are_bounded_for_every_caller():
+    """What a hostile request sent (64 stop strings of 1 KiB, 1,024 bad words of 1 KiB) is refused by count and by
+    length: the engine's per-token work grows with both."""
+    bounds = (sp.MAX_STOP_STRINGS, sp.MAX_STOP_STRING_CHARS, sp.MAX_BAD_WORDS, sp.MAX_BAD_WORD_CHARS)
+    assert bounds == (32, 256, 256, 128)
+    with pytest.raises(ValueError, match="stop has 64 entries; at most 32 are allowed"):
+        SamplingParams(n=128, stop=["x" * 1024] * 64)
+    with pytest.raises(ValueError, match="stop entry of 1024 characters is too long; at most 256"):
+        SamplingParams(stop=["x" * 1024])
+    with pytest.raises(ValueError, match="bad_words has 1024 entries; at most 256 are allowed"):
+        SamplingParams(bad_words=["w"] * 1024)
+    with pytest.raises(ValueError, match="bad_words entry of 1024 characters is too long; at most 128"):
+        SamplingParams(bad_words=["w" * 1024])
+    params = SamplingParams(stop=["x"])
+    params.stop = ["x"] * 33  # changed in place: the next verify (as the engine's front end runs it) refuses it
+    with pytest.raises(ValueError, match="stop has 33 entries"):
+        params.verify()
+
+
 def test_int64_bound_holds_on_the_wire():
     """A uint64 from a foreign client is refused when the engine decodes it, not turned into a tensor."""
     raw = msgspec.msgpack.encode({"top_k": 2**63})

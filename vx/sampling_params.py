@@ -25,19 +25,22 @@ _INT_MAX = 2**63 - 1  # every int a request carries fits int64: the wire (msgpac
 # What one request may ask for. The bounds are generous (OpenAI's own are lower: 4 stop strings, 20 top
 # logprobs, 1,000 enum values); they keep the work and memory one request can cost the engine bounded.
 # `n` is bounded by the engine argument `max_n_sequences`, `top_k` and token ids by the model's vocabulary.
+# `vx serve` may lower the stop-string and bad-word bounds per server (vx/serve/options.py), never raise them.
 MAX_LOGPROBS = 20
 """The most `logprobs` / `prompt_logprobs` a request may ask for (OpenAI's `top_logprobs` limit, vLLM's default)."""
-MAX_STOP_STRINGS = 64
-"""The most `stop` strings in one request."""
-MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_STRINGS = 32
+"""The most `stop` strings in one request: every new piece of text of every sample is searched for each of them,
+in the application's process, so their number times their length is work per generated token."""
+MAX_STOP_STRING_CHARS = 256
 """The longest `stop` string (the stream holds back that many characters while a match is undecided)."""
 MAX_STOP_TOKEN_IDS = 1024
 """The most `stop_token_ids` in one request."""
 MAX_LOGIT_BIAS = 1024
 """The most `logit_bias` entries in one request."""
-MAX_BAD_WORDS = 1024
-"""The most `bad_words` in one request."""
-MAX_BAD_WORD_CHARS = 1024
+MAX_BAD_WORDS = 256
+"""The most `bad_words` in one request: the engine matches each word's tokens against every sample's output at
+every step, so their number times their length is engine work per step that every other request waits for."""
+MAX_BAD_WORD_CHARS = 128
 """The longest `bad_words` entry."""
 MAX_STRUCTURED_OUTPUTS_BYTES = 128 * 1024
 """The largest constraint, in UTF-8 bytes: a JSON schema's compact text, a regex, a grammar, or all choices

@@ -208,7 +208,7 @@ BAD_SUBMISSIONS = [
     ("ok", greedy(4, top_k=513), None, r"top_k=513 exceeds the model's vocabulary size \(512\)"),
     ("ok", greedy(4, n=129), None, r"n=129"),  # complete/generate: "exceeds the engine's max_n_sequences (128)"
     ("ok", _changed_in_place(logprobs=21), None, "logprobs must be <= 20"),
-    ("ok", _changed_in_place(stop=["s"] * 65), None, "at most 64"),
+    ("ok", _changed_in_place(stop=["s"] * 33), None, "at most 32"),
     ("ok", None, "", "request_id"),
     ("ok", None, 3, "request_id"),
     ("ok", None, "bystander", "unique"),  # the id of the request that is running

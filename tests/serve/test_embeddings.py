@@ -87,7 +87,7 @@ def test_pooling_extras(client):
     ({"input": []}, "input", "empty"),
     ({"input": [[]]}, "input", "empty token list"),
     ({"input": [5] * 1025}, "input", "at most 1024 tokens"),
-    ({"input": ["a"] * 2049}, "input", "at most 2048 are allowed"),
+    ({"input": ["a"] * 2049}, "input", "at most 2048 (--max-prompts"),
     ({"input": "hi", "dimensions": 8}, "dimensions", "no Matryoshka"),
     ({"input": "hi", "pooling_type": "cls"}, "pooling_type", ""),
     ({"input": "hi", "encoding_format": "int8"}, "encoding_format", ""),

@@ -1,7 +1,9 @@
 """Schema fuzzing of the whole HTTP surface: schemathesis generates requests from the app's own /openapi.json,
 valid and invalid, and sends them in process (ASGI) to an app serving the tiny model, its engine started by the
 app's lifespan. Every response must be no 5xx, with a status, content type, headers and body the document
-declares. Generation is bounded by a hook (at most 8 tokens, 2 choices) and by the number of examples."""
+declares. Generation is bounded by a hook (at most 8 tokens), by the number of examples, and by the server's own
+request limits, set low: long prompt lists and large `n` as schemathesis draws them reach the server and are
+refused there (a 400), at most 8 sequences a request get through."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error, r
 
 import vx
 from vx.serve.app import build_app
+from vx.serve.options import ServerOptions
 
 KEY = "sk-fuzz"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -33,10 +36,14 @@ DERANDOMIZE = os.environ.get("CI") == "true"
 ENGINE_REFUSES_BAD_GRAMMARS = hasattr(vx, "InvalidRequestError")
 
 
+# What one request may ask for: 4 prompts (or embedding inputs), 8 sequences (prompts x n); the server refuses more.
+LIMITS = ServerOptions(max_prompts=4, max_sequences=8)
+
+
 def _bounded(body: Any) -> Any:
-    """Keep generation short (at most 8 tokens and 2 choices per prompt, 4 prompts) and name the served model
-    in most requests, so that they reach the engine: values are clamped, not removed, so that the schema's
-    other fields and the invalid ones still reach the server."""
+    """Keep generation short (at most 8 tokens) and name the served model in most requests, so that they reach
+    the engine: values are clamped, not removed, so that the schema's other fields and the invalid ones still
+    reach the server. Prompt lists and `n` are left as drawn: the server's limits (LIMITS) bound them."""
     if not isinstance(body, dict):
         return body
     body = dict(body)
@@ -46,16 +53,11 @@ def _bounded(body: Any) -> Any:
         value = body.get(name)
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 8):
             body[name] = 8
-    if isinstance(body.get("n"), int) and not isinstance(body["n"], bool) and body["n"] > 2:
-        body["n"] = 2
     if not ENGINE_REFUSES_BAD_GRAMMARS:
         body.pop("guided_regex", None)
         body.pop("guided_grammar", None)
         if isinstance(body.get("structured_outputs"), dict) and {"regex", "grammar"} & set(body["structured_outputs"]):
             body.pop("structured_outputs")
-    for name in ("prompt", "input"):
-        if isinstance(body.get(name), list) and len(body[name]) > 4 and not all(isinstance(p, int) for p in body[name]):
-            body[name] = body[name][:4]  # a batch of prompts is one engine request each
     return body
 
 
@@ -68,7 +70,8 @@ OPERATIONS = [("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("POST", 
 def test_every_response_is_declared_and_none_is_a_5xx(tiny_model_dir):
     # One test for every operation: schemathesis's pytest plugin ends an app's lifespan (here: the engine,
     # which does not restart) after each test.
-    app = build_app(vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS), served_model_names=["tiny"], api_key=KEY)
+    app = build_app(vx.AsyncLLM(tiny_model_dir, **ENGINE_KWARGS), served_model_names=["tiny"], api_key=KEY,
+                    options=LIMITS)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan: the engine
 
     @schema.hook

@@ -26,6 +26,9 @@ ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
 Call = Callable[..., Any]  # call(async_fn, *args) -> its result, run on the engine's event loop
 
 _BUFFERED_CHUNKS = 16  # body chunks the app may send ahead of a slow reader before its `send` waits
+IN_PROCESS = "vx.in_process"
+"""The ASGI scope extension that marks a request from these transports: the app that embeds the engine, held to no
+per-client share by the request guard (a network client cannot set a scope extension)."""
 
 
 class _AppFailed(Exception):
@@ -107,7 +110,7 @@ def _scope(request: Any) -> dict[str, Any]:
         "headers": [(k.lower(), v) for k, v in request.headers.raw], "scheme": request.url.scheme,
         "path": request.url.path, "raw_path": request.url.raw_path.split(b"?")[0],
         "query_string": request.url.query, "server": (request.url.host, request.url.port),
-        "client": ("127.0.0.1", 0), "root_path": "",
+        "client": ("127.0.0.1", 0), "root_path": "", "extensions": {IN_PROCESS: {}},
     }
 
 

@@ -20,14 +20,16 @@ from vx.client.chat import chat_sampling_params
 from vx.outputs import CompletionOutput, RequestOutput
 from vx.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from vx.serve.chat_prompt import chat_prompt_ids
-from vx.serve.errors import bad_request
-from vx.serve.generation import Choice, EngineJob, make_jobs, now, run_jobs
+from vx.serve.errors import APIError, bad_request
+from vx.serve.generation import Choice, EngineJob, constraint_error, make_jobs, now, run_jobs
 from vx.serve.logprobs import chat_logprobs
 from vx.serve.params import check_context_length, check_request_shape, output_constraint, sampling_params
 from vx.serve.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                ChatLogprobs, ChatMessage, ChatStreamChoice, DeltaFunctionCall, DeltaMessage,
                                DeltaToolCall, FunctionCall, NamedToolChoice, ToolCall, UsageInfo)
 from vx.serve.reasoning import THINK_OPEN, ReasoningSplitter, reasoning_enabled, starts_inside
+from vx.serve.request_limits import (check_logprob_entries, check_request_tokens, check_sequences,
+                                     check_stop_and_bad_words)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tool_grammar import auto_tool_constraint
@@ -62,25 +64,40 @@ def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
 
 def _tools_constraint(req: ChatCompletionRequest,
                       tool_choice: str | NamedToolChoice) -> tuple[StructuredOutputsParams | None, str]:
-    """The constraint the tools put on the reply, and the field to name if the engine refuses it: a forced call's
-    schema ("required", a named function), or for "auto" the union of content (fitting `response_format`) and
-    calls (fitting the parameters of `strict` tools), unless the request brings a constraint of its own."""
+    """The constraint the tools put on the reply, and the field to name if it is refused: a forced call's schema
+    ("required", a named function), or for "auto" the union of content (fitting `response_format`) and calls
+    (fitting the parameters of `strict` tools), unless the request brings a constraint of its own. One larger than
+    `StructuredOutputsParams` allows is a 400 naming that field."""
+    param = _tools_param(req, tool_choice)
+    try:
+        return _tools_schema(req, tool_choice), param
+    except ValueError as e:
+        raise constraint_error(str(e), param) or bad_request(f"{param}: {e}", param) from None
+
+
+def _tools_param(req: ChatCompletionRequest, tool_choice: str | NamedToolChoice) -> str:
+    """The request field the tools' constraint comes from: the forced tool's parameters, or `tools`, or for
+    "auto" with a response format and no strict tool, `response_format`."""
+    tools = req.tools or []
+    if isinstance(tool_choice, NamedToolChoice):
+        return f"tools.{[t.function.name for t in tools].index(tool_choice.function.name)}.function.parameters"
+    if tool_choice == "required":
+        return "tools.0.function.parameters" if len(tools) == 1 else "tools"
+    strict = any(t.function.strict for t in tools)
+    has_format = req.response_format is not None and req.response_format.type != "text"
+    return "response_format" if has_format and not strict else "tools"
+
+
+def _tools_schema(req: ChatCompletionRequest, tool_choice: str | NamedToolChoice) -> StructuredOutputsParams | None:
     tools = req.tools or []
     parallel = req.parallel_tool_calls is not False
-    if isinstance(tool_choice, NamedToolChoice):
-        index = [t.function.name for t in tools].index(tool_choice.function.name)
-        return forced_tool_schema(tools, tool_choice, parallel), f"tools.{index}.function.parameters"
-    if tool_choice == "required" and tools:
-        return forced_tool_schema(tools, tool_choice, parallel), "tools.0.function.parameters" if len(tools) == 1 \
-            else "tools"
+    if isinstance(tool_choice, NamedToolChoice) or (tool_choice == "required" and tools):
+        return forced_tool_schema(tools, tool_choice, parallel)
     explicit = req.structured_outputs is not None or any(
         v is not None for v in (req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar))
     if tool_choice != "auto" or not tools or explicit:
-        return None, "tools"
-    union = auto_tool_constraint(tools, req.response_format, parallel)
-    strict = any(t.function.strict for t in tools)
-    has_format = req.response_format is not None and req.response_format.type != "text"
-    return union, "response_format" if has_format and not strict else "tools"
+        return None
+    return auto_tool_constraint(tools, req.response_format, parallel)
 
 
 def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
@@ -102,6 +119,8 @@ def _check_json_fields(req: ChatCompletionRequest, max_depth: int) -> None:
 async def _create(state: ServerState, req: ChatCompletionRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
     check_request_shape(req)
+    check_sequences(1, req.n, state.options, state.max_n_sequences)
+    check_stop_and_bad_words(req, state.options)
     tool_choice = _tool_choice(req)
     _check_json_fields(req, state.options.max_json_depth)
     tools_constraint, tools_param = _tools_constraint(req, tool_choice)
@@ -128,9 +147,22 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
     max_tokens, max_param = ((req.max_completion_tokens, "max_completion_tokens")
                              if req.max_completion_tokens is not None else (req.max_tokens, "max_tokens"))
     check_context_length(len(prompt_ids), max_tokens, state.max_model_len, param=max_param, prompt_name="messages")
-    params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
-                             structured=structured)
-    params = chat_sampling_params(params, state.tokenizer, chat_template)  # stop at the end-of-turn token
+    check_request_tokens([len(prompt_ids)], req.n, max_tokens, state.max_model_len, state.options,
+                         max_tokens_param=max_param)
+    check_logprob_entries([len(prompt_ids)], req.n, max_tokens, state.max_model_len, state.options,
+                          logprobs=top_n if req.logprobs else None, echo=False,
+                          param="top_logprobs" if req.top_logprobs else "logprobs")
+    try:
+        params = sampling_params(req, max_tokens=max_tokens, logprobs=top_n if req.logprobs else None,
+                                 structured=structured)
+    except APIError as e:
+        if e.param == "max_tokens":  # the field the client set
+            e.param = max_param
+        raise
+    try:  # stop at the end-of-turn token too
+        params = chat_sampling_params(params, state.tokenizer, chat_template)
+    except ValueError as e:  # the client's stop_token_ids leave no room for the template's
+        raise bad_request(str(e), "stop_token_ids") from None
     rid, created = new_id("chatcmpl"), int(time.time())
     job = make_jobs([prompt_ids], params, rid, state.metrics, ENDPOINT, start, constraint_param)[0]
     reader = _ReplyReader(req, tool_choice, state.tokenizer, top_n,

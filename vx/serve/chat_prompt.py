@@ -39,6 +39,8 @@ For each function call, return a json object with function name and arguments wi
 </tool_call>"""
 
 
+# The message roles OpenAI's chat API takes ("function" is its older name for a tool's result); it refuses others.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Template variables a request sets through its own fields, never through chat_template_kwargs.
 _RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
 
@@ -107,6 +109,9 @@ async def chat_prompt_ids(sandbox: TemplateSandbox, tokenizer: Any, messages: li
 def _normalize(i: int, message: dict[str, Any], knows_tool_calls: bool) -> dict[str, Any]:
     if not isinstance(message.get("role"), str) or not message["role"]:
         raise bad_request(f"messages[{i}] needs a non-empty string 'role'.", f"messages.{i}.role")
+    if message["role"] not in CHAT_ROLES:
+        raise bad_request(f"messages[{i}].role is {message['role']!r}; it must be one of {', '.join(CHAT_ROLES)}.",
+                          f"messages.{i}.role")
     m = dict(message)
     content = m.get("content")
     if isinstance(content, list):

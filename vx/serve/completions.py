@@ -16,6 +16,8 @@ from vx.serve.logprobs import append_completion_logprobs
 from vx.serve.params import check_context_length, check_request_shape, output_constraint, sampling_params
 from vx.serve.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
                                UsageInfo)
+from vx.serve.request_limits import (check_logprob_entries, check_prompt_count, check_request_tokens,
+                                     check_sequences, check_stop_and_bad_words, prompt_count)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from vx.serve.tokenize import in_thread, tokenize_prompts
@@ -40,10 +42,19 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
         raise bad_request("suffix is not supported.", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported (only best_of == n).", "best_of")
+    options = state.options
+    num_prompts = prompt_count(req.prompt)
+    check_prompt_count(num_prompts, options)
+    check_sequences(num_prompts, req.n, options, state.max_n_sequences)
+    check_stop_and_bad_words(req, options)
     texts, prompts = await in_thread(partial(tokenize_prompts, req.prompt, state.tokenizer, state.max_model_len),
                                      state.tokenize_limiter)
     check_context_length(max(len(p) for p in prompts), req.max_tokens, state.max_model_len, param="max_tokens",
                          prompt_name="prompt")
+    lengths = [len(p) for p in prompts]
+    check_request_tokens(lengths, req.n, req.max_tokens, state.max_model_len, options, max_tokens_param="max_tokens")
+    check_logprob_entries(lengths, req.n, req.max_tokens, state.max_model_len, options, logprobs=req.logprobs,
+                          echo=req.echo, param="logprobs")
     constraint = output_constraint(req, req.response_format, None, max_json_depth=state.options.max_json_depth)
     constraint_param, structured = constraint if constraint is not None else (None, None)
     params = sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, structured=structured,

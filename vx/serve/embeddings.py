@@ -22,12 +22,12 @@ from vx.serve.errors import bad_request
 from vx.serve.generation import engine_api_error, now
 from vx.serve.metrics import RequestTimer
 from vx.serve.protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from vx.serve.request_limits import check_prompt_count, prompt_count
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, run_until_disconnect
 from vx.serve.tokenize import in_thread, tokenize_prompts
 
 ENDPOINT = "/v1/embeddings"
-MAX_INPUTS = 2048  # OpenAI's limit on the entries of one request's `input`: each is an engine request
 
 
 async def create_embeddings(state: ServerState, req: EmbeddingRequest, receive: Receive) -> Response:
@@ -40,8 +40,7 @@ async def create_embeddings(state: ServerState, req: EmbeddingRequest, receive: 
 async def _create(state: ServerState, req: EmbeddingRequest, receive: Receive, start: float) -> Response:
     model = state.model_name(req.model)
     params = _pooling_params(state, req)
-    if isinstance(req.input, list) and len(req.input) > MAX_INPUTS and not all(isinstance(x, int) for x in req.input):
-        raise bad_request(f"input has {len(req.input)} entries; at most {MAX_INPUTS} are allowed.", "input")
+    check_prompt_count(prompt_count(req.input), state.options, "input")  # each input is an engine request
     _, prompts = await in_thread(partial(tokenize_prompts, req.input, state.tokenizer, state.max_model_len,
                                          param="input", generates=False), state.tokenize_limiter)
     rid, created = new_id("embd"), int(time.time())

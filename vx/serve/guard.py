@@ -4,11 +4,16 @@ ends it properly when the server stops.
 In order, for each HTTP request:
 1. the server is stopping: 503 (`code: "shutting_down"`);
 2. a `/v1/*` path without the API key: 401, before a byte of the body is read (a constant-time compare);
-3. a generation request (POST completions, chat, responses or embeddings) beyond `max_concurrent_requests`: 429 with `Retry-After`;
-4. a `Content-Length` over `max_body_bytes`: 413 before the body is read;
-5. the body is read with a running count, 413 as soon as it passes the limit (chunked bodies too, so memory
+3. a generation request (POST completions, chat, responses or embeddings) beyond `max_concurrent_requests`, or
+   beyond its client's share, `max_requests_per_client`: 429 with `Retry-After`;
+4. a request with a body while its client is slow to send `max_slow_bodies_per_client` others (each arriving
+   for over a second): 429 with `Retry-After`, so that a client that sends slowly cannot go on taking slots;
+5. a `Content-Length` over `max_body_bytes`: 413 before the body is read;
+6. the body is read with a running count, 413 as soon as it passes the limit (chunked bodies too, so memory
    never holds more than the limit), and within `body_timeout` seconds, 408 after that;
-6. the body must be UTF-8 JSON text nested at most `max_json_depth` deep, with no lone surrogate: 400.
+7. the body must be UTF-8 JSON text nested at most `max_json_depth` deep, with no lone surrogate: 400.
+A client is its peer address (an IPv6 address's /64 prefix, what one host is usually given); in-process requests
+(vx/serve/asgi_transport.py) belong to no client, so the app that embeds the engine is never held to a share.
 A refusal that leaves a body unread closes the connection. Then the app runs inside a cancel scope registered
 in `InFlight`: when the server ends it (after the shutdown grace period), the guard finishes the response, with
 an error event and `data: [DONE]` for a stream already under way, or a 503.
@@ -16,11 +21,13 @@ an error event and `data: [DONE]` for a stream already under way, or a 503.
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vx.serve.asgi_transport import IN_PROCESS
 from vx.serve.chat import ENDPOINT as CHAT_ENDPOINT
 from vx.serve.completions import ENDPOINT as COMPLETIONS_ENDPOINT
 from vx.serve.embeddings import ENDPOINT as EMBEDDINGS_ENDPOINT
@@ -47,20 +54,23 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         generation = scope["method"] == "POST" and scope["path"] in GENERATION_PATHS
-        refusal = self._admit(scope, generation)
+        client = client_key(scope)
+        refusal = self._admit(scope, generation, client)
         if refusal is not None:
             await self._refuse(refusal[0], refusal[1], scope, receive, send)
             return
         response = _ResponseTracker(send)
-        with self.state.inflight.track(generation) as cancel_scope:
-            body = await self._read_body(scope, receive, response.send)
+        # No await since the admission: the counts it read are the ones these increment.
+        with self.state.inflight.track(generation, client) as cancel_scope:
+            body = await self._read_body(scope, receive, response.send, client if _may_have_body(scope) else None)
             if body is not None:
                 await self.app(scope, _replay(body, receive), response.send)
         if cancel_scope.cancelled_caught:
             await _finish(response, scope, receive)
 
-    def _admit(self, scope: Scope, generation: bool) -> tuple[str, APIError] | None:
-        """(reason, error) if the request is refused on its headers alone, else None."""
+    def _admit(self, scope: Scope, generation: bool, client: str | None) -> tuple[str, APIError] | None:
+        """(reason, error) if the request (from `client`, None for one held to no share) is refused on its headers
+        alone, else None."""
         state, options = self.state, self.state.options
         if state.inflight.draining:
             return "shutting_down", APIError("The server is shutting down; retry on another instance.", 503,
@@ -73,6 +83,13 @@ class RequestGuard:
             return "too_many_requests", APIError(
                 f"The server is handling its limit of {options.max_concurrent_requests} requests; retry shortly.",
                 429, code="too_many_requests", headers={"retry-after": str(RETRY_AFTER_S)})
+        if client is not None:
+            if generation and state.inflight.generating_for(client) >= options.max_requests_per_client:
+                return "too_many_from_client", _over_share(
+                    f"{options.max_requests_per_client} generation requests in flight", "max_requests_per_client")
+            if _may_have_body(scope) and state.inflight.slow_bodies_for(client) >= options.max_slow_bodies_per_client:
+                return "too_many_from_client", _over_share(
+                    f"{options.max_slow_bodies_per_client} request bodies slow to arrive", "max_slow_bodies_per_client")
         length = _header(scope, b"content-length")
         if length is not None and length.isdigit() and int(length) > options.max_body_bytes:
             return "too_large", _too_large(options.max_body_bytes)
@@ -84,14 +101,14 @@ class RequestGuard:
         return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode("latin-1"),
                                                                      self.state.api_key.encode())
 
-    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole body, within the size limit and the body timeout; None once it was refused (or the client
-        left)."""
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send, client: str | None) -> bytes | None:
+        """The whole body, within the size limit and the body timeout, counted as arriving for `client` meanwhile;
+        None once it was refused (or the client left)."""
         options = self.state.options
         chunks: list[bytes] = []
         size = 0
         refusal: tuple[str, APIError] | None = None
-        with anyio.move_on_after(options.body_timeout) as timer:
+        with self.state.inflight.receiving_body(client), anyio.move_on_after(options.body_timeout) as timer:
             while True:
                 message = await receive()
                 if message["type"] != "http.request":
@@ -176,6 +193,29 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def client_key(scope: Scope) -> str | None:
+    """Whose share a request counts against: its peer's IP address, or for IPv6 the address's /64 network (one
+    host usually holds a whole /64); None for an in-process request, which counts against no share."""
+    if IN_PROCESS in (scope.get("extensions") or {}):
+        return None
+    peer = scope.get("client")
+    host = str(peer[0]) if peer else ""  # a Unix socket has no peer address: all its clients share one key
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return host
+
+
+def _over_share(what: str, option: str) -> APIError:
+    return APIError(f"This client already has {what}, its share of the server (--{option.replace('_', '-')}); "
+                    "retry shortly.", 429, code="too_many_requests", headers={"retry-after": str(RETRY_AFTER_S)})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

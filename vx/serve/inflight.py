@@ -1,23 +1,39 @@
-"""The HTTP requests one app is handling: counted for the concurrency limit, and ended when the server stops.
+"""The HTTP requests one app is handling: counted for the concurrency limits, and ended when the server stops.
 
-Each request runs inside its own cancel scope, registered here by the request guard. A shutdown first sets
-`draining` (new requests get 503), waits for the running ones, then calls `stop_all()`: every scope is cancelled
-and the guard ends each response properly (an error event and `[DONE]` for a stream, 503 otherwise).
+Each request runs inside its own cancel scope, registered here by the request guard, with the client it came from
+(`None` for one that no per-client share applies to: in-process requests). The guard counts, per client, the
+generation requests in flight and the request bodies that are slow to arrive, so that one client cannot hold every
+slot. A body is slow once it has been arriving for `slow_body_s`: a working client's bodies arrive within
+milliseconds, but a burst of its requests may have every body arriving at once, so only time tells a slow
+sender apart.
+
+A shutdown first sets `draining` (new requests get 503), waits for the running ones, then calls `stop_all()`:
+every scope is cancelled and the guard ends each response properly (an error event and `[DONE]` for a stream,
+503 otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import time
+from collections import Counter
 from typing import Iterator
 
 import anyio
+
+SLOW_BODY_S = 1.0  # a body still arriving after this long is a slow one
 
 
 class InFlight:
     """The running requests of one app (no global state: two apps never share it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow_body_s: float = SLOW_BODY_S) -> None:
+        self.slow_body_s = slow_body_s
         self._scopes: dict[anyio.CancelScope, bool] = {}  # scope -> is a generation request
+        self._generating: Counter[str] = Counter()  # client -> its generation requests in flight
+        self._bodies: dict[str, dict[int, float]] = {}  # client -> {body: when it began to arrive}
+        self._body_ids = itertools.count()
         self.draining = False  # the server is stopping: refuse new requests
         self.stopping = False  # the grace period is over: running requests are being ended
 
@@ -32,15 +48,39 @@ class InFlight:
         counts."""
         return sum(self._scopes.values())
 
+    def generating_for(self, client: str) -> int:
+        """Generation requests of `client` now running (their bodies still arriving, or being answered)."""
+        return self._generating[client]
+
+    def slow_bodies_for(self, client: str) -> int:
+        """Request bodies of `client` that have been arriving for longer than `slow_body_s`."""
+        began_before = time.monotonic() - self.slow_body_s
+        return sum(began <= began_before for began in self._bodies.get(client, {}).values())
+
     @contextlib.contextmanager
-    def track(self, generation: bool) -> Iterator[anyio.CancelScope]:
-        """Run a request inside the returned cancel scope, counted while it runs."""
-        with anyio.CancelScope() as scope:
+    def track(self, generation: bool, client: str | None = None) -> Iterator[anyio.CancelScope]:
+        """Run a request of `client` inside the returned cancel scope, counted while it runs."""
+        with anyio.CancelScope() as scope, _counted(self._generating, client if generation else None):
             self._scopes[scope] = generation
             try:
                 yield scope
             finally:
                 del self._scopes[scope]
+
+    @contextlib.contextmanager
+    def receiving_body(self, client: str | None) -> Iterator[None]:
+        """Note a body of `client` (none for None) as arriving while the block runs."""
+        if client is None:
+            yield
+            return
+        body, bodies = next(self._body_ids), self._bodies.setdefault(client, {})
+        bodies[body] = time.monotonic()
+        try:
+            yield
+        finally:
+            del bodies[body]
+            if not bodies:
+                del self._bodies[client]
 
     def stop_all(self) -> int:
         """Cancel every running request (each is then ended by its guard); returns how many there were."""
@@ -49,3 +89,18 @@ class InFlight:
         for scope in scopes:
             scope.cancel()
         return len(scopes)
+
+
+@contextlib.contextmanager
+def _counted(counts: Counter[str], client: str | None) -> Iterator[None]:
+    """One more for `client` (none counted for None) while the block runs; a client at zero is forgotten."""
+    if client is None:
+        yield
+        return
+    counts[client] += 1
+    try:
+        yield
+    finally:
+        counts[client] -= 1
+        if counts[client] <= 0:
+            del counts[client]

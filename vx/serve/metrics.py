@@ -48,8 +48,8 @@ class ServerMetrics:
         self.prefix_cache_hit_rate = Gauge("vx_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache "
                                            "over prompt tokens looked up, since start (0 to 1).", registry=r)
         self.rejected = Counter("vx_rejected_requests", "HTTP requests refused before they ran, by reason "
-                                "(unauthorized, too_many_requests, too_large, body_timeout, invalid_json, "
-                                "shutting_down).", ["reason"], registry=r)
+                                "(unauthorized, too_many_requests, too_many_from_client, too_large, body_timeout, "
+                                "invalid_json, shutting_down).", ["reason"], registry=r)
         self.in_flight = Gauge("vx_requests_in_flight", "Generation requests being handled now (what "
                                "--max-concurrent-requests limits).", registry=r)
 

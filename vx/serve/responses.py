@@ -69,6 +69,8 @@ def _responses_params() -> Iterator[None]:
             e.param = "input"  # instructions shift the messages, so no index would be right
         elif param.startswith("tools.") and param.endswith(".function.parameters"):
             e.param = param.replace(".function.parameters", ".parameters")
+        if param and e.param != param and e.message.startswith(param + ":"):  # a message that opens with the field
+            e.message = f"{e.param}{e.message[len(param):]}"
         raise
 
 
@@ -153,7 +155,7 @@ def _chat_tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:
     if tool.get("type") != "function":
         raise bad_request(f"tools[{i}] is a {tool.get('type')!r} tool; vx runs function tools only.",
                           f"tools.{i}.type")
-    function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
     return {"type": "function", "function": function}
 
 

@@ -42,6 +42,12 @@ class ServerState:
         config = self.llm.config
         return config.model_config.max_model_len if config is not None else None
 
+    @property
+    def max_n_sequences(self) -> int | None:
+        """The engine's bound on `n` (None before the engine started)."""
+        config = self.llm.config
+        return config.scheduler_config.max_n_sequences if config is not None else None
+
     def model_name(self, requested: str | None) -> str:
         """The name to answer under: the requested one if this server serves it (404 otherwise), else the first."""
         if requested is None or requested == "":
