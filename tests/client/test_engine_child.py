@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 from tests.support.engine_processes import ENGINE_KWARGS, kill_parent_expect_engine_gone
+from tests.support.hostile_models import truncate_weights
 
 # No `if __name__ == "__main__":` anywhere: with a multiprocessing spawn the engine process re-imported this
 # module (or could not find `<stdin>`) and failed to start.
@@ -100,7 +101,7 @@ def test_the_engine_imports_from_the_applications_sys_path(tiny_model_dir, tmp_p
 def test_a_start_up_failure_is_printed_on_the_applications_stderr(tiny_model_dir, tmp_path):
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model_dir, broken)
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")  # only the engine finds out
+    truncate_weights(str(broken / "model.safetensors"))  # only the engine finds out
     code = textwrap.dedent(f"""
         import vx
         try:

@@ -20,6 +20,7 @@ import pytest
 import zmq
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids, cpu_seconds, kill_parent_expect_engine_gone, process_gone
 from tests.support.faulty_executors import FailAfter2Steps, backend
+from tests.support.hostile_models import truncate_weights
 
 import vx
 from vx.client.engine_process import EngineProcess
@@ -253,7 +254,7 @@ def test_engine_exits_when_its_parent_dies(tiny_model_dir, tmp_path):
 def test_start_up_failure_comes_back_through_the_handshake(tiny_model_dir, tmp_path, monkeypatch):
     broken = tmp_path / "broken-model"
     shutil.copytree(tiny_model_dir, broken)
-    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    truncate_weights(str(broken / "model.safetensors"))
     config = EngineArgs(model=str(broken), **ENGINE_KWARGS).create_config()  # fine here: only the engine finds out
     ipc_root = tmp_path / "ipc"
     ipc_root.mkdir()
