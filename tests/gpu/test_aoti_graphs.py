@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -70,12 +71,26 @@ def test_aoti_graphs_give_hf_greedy_tokens_without_the_compiler_in_the_engine(ti
     assert again["tokens"] == want and again["compiler"] == []
 
 
+@pytest.fixture(scope="module")
+def tiny_package(tiny_model_dir, tmp_path_factory) -> tuple[Path, dict]:
+    """A cache holding the tiny model's one decode-graph package (`max_num_seqs=1`), compiled once for the tests
+    that start from a compiled package (each copies it), and what the engine that compiled it reported."""
+    cache = tmp_path_factory.mktemp("aoti-cache")
+    return cache, _engine_in_process_of_its_own(tiny_model_dir, cache, [[5, 6, 7]], max_num_seqs=1)
+
+
+def _copy_of(cache: Path, tmp_path: Path) -> Path:
+    shutil.copytree(cache, tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
 @pytest.mark.slow
-def test_a_package_of_another_key_is_not_reused(tiny_model_dir, tmp_path):
+def test_a_package_of_another_key_is_not_reused(tiny_model_dir, tiny_package, tmp_path):
     """A KV cache of another size bakes in other shapes: another key, a new compile, and the package under the old
     key is never read."""
     prompts = [[5, 6, 7]]
-    first = _engine_in_process_of_its_own(tiny_model_dir, tmp_path, prompts, max_num_seqs=1, num_kv_blocks=80)
+    cache, first = tiny_package
+    _copy_of(cache, tmp_path)
     other = _engine_in_process_of_its_own(tiny_model_dir, tmp_path, prompts, max_num_seqs=1, num_kv_blocks=96)
     assert first["children_run"] == 1 and other["children_run"] == 1 and other["key"] != first["key"]
     assert other["tokens"] == first["tokens"] and not other["fallback"]
@@ -115,13 +130,14 @@ def test_a_failing_child_falls_back_to_in_process_compiles(tiny_model_dir, monke
 
 
 @pytest.mark.slow
-def test_a_package_whose_constants_differ_is_refused(tiny_model_dir, monkeypatch, tmp_path, caplog):
+def test_a_package_whose_constants_differ_is_refused(tiny_model_dir, tiny_package, monkeypatch, tmp_path, caplog):
     """Loading hands the package the engine's tensors unchecked by torch: a sidecar that records another shape for
     one of them (as a stale package would) makes the load fail, and the engine falls back."""
     monkeypatch.setenv("VX_DECODE_COMPILE", "off")
     eager, _ = _vx_greedy(tiny_model_dir, [[5, 6, 7], [8, 9]])
+    _copy_of(tiny_package[0], tmp_path)  # the package an engine out of process compiled: the same key
     tokens, _, capture = _tiny_aoti_engine(tiny_model_dir, monkeypatch, tmp_path, caplog)
-    assert not capture.using_fallback and [t[:10] for t in eager] == tokens
+    assert not capture.using_fallback and capture.children_run == 0 and [t[:10] for t in eager] == tokens
     for size in (1,):
         path = sidecar_path(capture.package_path(size))
         sidecar = json.loads(Path(path).read_text())
