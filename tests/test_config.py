@@ -264,25 +264,26 @@ def test_bad_executor_backends_are_refused(tiny_model_dir, backend, message):
 
 
 def test_the_executor_class_is_the_one_the_config_names(tiny_model_dir):
-    from vx.executor import Executor, UniProcExecutor
+    from vx.executor import UniProcExecutor
+    from vx.executor.registry import executor_class
 
     def named(backend: str) -> VxConfig:
         return EngineArgs(model=tiny_model_dir, device="cpu",
                           distributed_executor_backend=backend).create_config(light=True)
 
     assert named("uni").parallel_config.distributed_executor_backend == "uni"
-    assert Executor.get_class(named("uni")) is UniProcExecutor
-    assert Executor.get_class(named("vx.executor:UniProcExecutor")) is UniProcExecutor
+    assert executor_class(named("uni")) is UniProcExecutor
+    assert executor_class(named("vx.executor:UniProcExecutor")) is UniProcExecutor
     with pytest.raises(ValueError, match="names no Executor subclass"):
-        Executor.get_class(named(f"{__name__}:NotAnExecutor"))
+        executor_class(named(f"{__name__}:NotAnExecutor"))
     with pytest.raises(ModuleNotFoundError):
-        Executor.get_class(named("no_such_module:Executor"))
+        executor_class(named("no_such_module:Executor"))
 
 
 # ------------------------------------------------------------------------------- parallelism (vLLM's names)
 def test_parallel_sizes_pick_the_executor_and_cross_to_the_engine(tiny_model_dirs):
-    from vx.executor import Executor
     from vx.executor.multiproc import MultiprocExecutor
+    from vx.executor.registry import executor_class
 
     one = EngineArgs(model=tiny_model_dirs["qwen3"], device="cpu").create_config(light=True)
     assert one.parallel_config.distributed_executor_backend == "uni" and one.parallel_config.world_size == 1
@@ -290,7 +291,7 @@ def test_parallel_sizes_pick_the_executor_and_cross_to_the_engine(tiny_model_dir
                        pipeline_parallel_size=3).create_config(light=True)
     pc = decode_config(encode_config(split)).parallel_config
     assert (pc.tensor_parallel_size, pc.pipeline_parallel_size, pc.world_size) == (2, 3, 6)
-    assert pc.distributed_executor_backend == "mp" and Executor.get_class(split) is MultiprocExecutor
+    assert pc.distributed_executor_backend == "mp" and executor_class(split) is MultiprocExecutor
 
 
 @pytest.mark.parametrize("family, args, message", [

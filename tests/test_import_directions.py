@@ -1,4 +1,4 @@
-"""The import directions of ../shared/DESIGN.md, read from every module's source: a cycle between packages, or an
+"""The import directions of ../shared/DESIGN.md, read from every module's source: a circle between modules, or an
 import against the allowed direction, fails here before it can fail at run time."""
 
 from __future__ import annotations
@@ -93,3 +93,114 @@ def _cycles(edges: dict[str, set[str]]) -> set[str]:
 def test_no_cycle_between_packages():
     edges = {src: {d for d in dsts if not d.startswith("ext:")} for src, dsts in _imports().items()}
     assert not _cycles(edges)
+
+
+# ------------------------------------------------------------------------------------------- file by file
+def _module_files() -> dict[str, Path]:
+    """Dotted vx module name (a package by its name) -> its source file."""
+    files = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        files[".".join(rel.parts).removesuffix(".__init__")] = path
+    return files
+
+
+def _at_import(tree: ast.AST):
+    """The nodes that run when a module is imported: everything but function bodies (lazy imports)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo.extend(child for child in ast.iter_child_nodes(node)
+                    if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+
+def _file_imports(lazy: bool = True) -> dict[str, set[str]]:
+    """vx module -> the vx modules it imports by name (`from vx.a import b` imports vx.a.b when that is a module,
+    else vx.a): all of them, or (`lazy=False`) those imported when the module itself is."""
+    files = _module_files()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree) if lazy else _at_import(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                         for a in node.names]
+            else:
+                continue
+            edges[module].update(n for n in names if n in files and n != module)
+    return edges
+
+
+def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other in a circle (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+    return groups
+
+
+def test_no_circle_between_files():
+    """No module imports one that imports it back, however far round (within a package too: the executor's
+    registry names its kinds, the abstract class does not import them)."""
+    circles = _strongly_connected(_file_imports())
+    assert not circles, "modules importing each other in a circle: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_forbidden_direction_through_other_packages():
+    """Importing a package's modules loads no module of a package it must not import, through any chain of
+    imports (importing a module runs its packages' `__init__` files too): a package reaches no forbidden package
+    through a third (a leaf, say). Imports inside functions are the deliberate lazy paths (the in-process engine of
+    `vx.LLM`), held by `test_no_forbidden_direction`."""
+    edges = _file_imports(lazy=False)
+    bad = []
+    for src, banned in FORBIDDEN.items():
+        todo = [m for m in edges if _unit(m) == src] + [m for m in _module_files() if _unit(m) == src]
+        seen: set[str] = set()
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            todo.extend(edges.get(module, ()))
+            parts = module.split(".")
+            todo.extend(".".join(parts[:i]) for i in range(2, len(parts)))  # its packages' __init__ files
+        reached = {_unit(m) for m in seen} & banned
+        bad += [f"{src} reaches {dst}" for dst in sorted(reached)]
+    assert not bad, "imports against DESIGN.md's directions, through other modules: " + "; ".join(bad)

@@ -128,7 +128,7 @@ class ParallelConfig(msgspec.Struct, kw_only=True):
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # "uni" (one worker in the engine's process), "mp" (a worker process per rank), "ray" (a Ray actor per rank), or
-    # "package.module:ClassName" of an `Executor` subclass, imported in the engine process (`Executor.get_class`): a test's faulty executor, say.
+    # "package.module:ClassName" of an `Executor` subclass, imported in the engine process (`vx.executor.registry`): a test's faulty executor, say.
     distributed_executor_backend: str = "uni"
     # The worker class of the multiprocess executor's processes: "auto" (vx.gpu.worker.Worker), or
     # "package.module:ClassName" of a subclass (vLLM's `worker_cls`; the tests inject faulty workers this way).

@@ -18,6 +18,7 @@ import zmq
 from vx.cache import KVCacheManager
 from vx.config import VxConfig
 from vx.executor import Executor
+from vx.executor.registry import executor_class as registered_executor_class
 from vx.core.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -47,7 +48,7 @@ class EngineCore:
         """`executor_class` defaults to the one the config names (`distributed_executor_backend`)."""
         t0 = time.perf_counter()
         self.config = config
-        self.executor = (executor_class or Executor.get_class(config))(config)
+        self.executor = (executor_class or registered_executor_class(config))(config)
         try:
             kv_size = self.executor.determine_kv_cache_size()
             num_blocks = kv_size.num_blocks

@@ -6,7 +6,6 @@ from abc import ABC, abstractmethod
 
 from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.cache.kv_cache_size import KVCacheSize
-from vx.class_path import load_class
 from vx.config import VxConfig
 from vx.step import ModelRunnerOutput, SchedulerOutput
 
@@ -16,25 +15,6 @@ class Executor(ABC):
 
     def __init__(self, config: VxConfig) -> None:
         self.config = config
-
-    @staticmethod
-    def get_class(config: VxConfig) -> type[Executor]:
-        """The executor class that `config.parallel_config.distributed_executor_backend` names ("uni", or
-        "mp", "ray", or "package.module:ClassName", imported here: in the engine process)."""
-        backend = config.parallel_config.distributed_executor_backend
-        if backend == "uni":
-            from vx.executor.uniproc_executor import UniProcExecutor
-
-            return UniProcExecutor
-        if backend == "mp":
-            from vx.executor.multiproc import MultiprocExecutor
-
-            return MultiprocExecutor
-        if backend == "ray":
-            from vx.executor.ray import RayExecutor
-
-            return RayExecutor
-        return load_class(backend, Executor, "distributed_executor_backend")
 
     @abstractmethod
     def determine_kv_cache_size(self) -> KVCacheSize: ...
