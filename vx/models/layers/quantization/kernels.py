@@ -76,7 +76,51 @@ def _check_groups(name: str, q: torch.Tensor, scale: torch.Tensor, zero: torch.T
                          f"{tuple(zero.shape)} do not fit groups of {group_size}.")
 
 
-class Int4Groupwise:
+class _QuantizedWeight:
+    """What the layouts share: packed once for vx's C kernel where it serves (then `kernel` is VX_CPU), else kept for
+    a torch path of the layout's own (`_torch_nbytes`, `_torch_matmul`)."""
+
+    kernel: str
+    _packed: PackedQuantWeight
+
+    def _pack_for_vx(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+                     bits: int) -> bool:
+        """Pack for vx's C kernel; False where it does not serve (the caller then keeps a torch layout)."""
+        self._vx = _vx_cpu_kernel(q.device)
+        if self._vx is None:
+            return False
+        self.kernel = VX_CPU
+        self._packed = self._vx.pack(q, scale, zero, group_size, bits=bits)
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the packed weight holds (integers, scales and zeros)."""
+        return self._packed.nbytes if self._vx is not None else self._torch_nbytes()
+
+    @property
+    def can_dequantize_rows(self) -> bool:
+        """Whether `dequantize_rows` reads rows back out of this weight (vx's C kernel layout)."""
+        return self._vx is not None
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """W[rows] [R, K] in float32 (a tied token embedding's lookup); only where `can_dequantize_rows`."""
+        return self._packed.dequantize_rows(rows)
+
+    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
+        if self._vx is not None:
+            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
+        return self._torch_matmul(x).to(out_dtype or x.dtype)
+
+    def _torch_nbytes(self) -> int:
+        raise NotImplementedError
+
+    def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Int4Groupwise(_QuantizedWeight):
     """A packed affine 4-bit weight [N, K] with groups of `group_size` input features."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> None:
@@ -84,10 +128,7 @@ class Int4Groupwise:
         _check_groups("Int4Groupwise", q, scale, zero, group_size)
         n, k = q.shape
         self.out_features, self.in_features, self.group_size = n, k, group_size
-        self._vx = _vx_cpu_kernel(q.device)
-        if self._vx is not None:
-            self.kernel = VX_CPU
-            self._packed = self._vx.pack(q, scale, zero, group_size, bits=4)
+        if self._pack_for_vx(q, scale, zero, group_size, bits=4):
             return
         self.kernel = TORCH_INT4PACK
         pad = -n % _CPU_N_MULTIPLE
@@ -103,27 +144,8 @@ class Int4Groupwise:
             q_u8 = (q[:, 0::2].to(torch.uint8) << 4) | q[:, 1::2].to(torch.uint8)
             self._int4pack = torch.ops.aten._convert_weight_to_int4pack(q_u8.contiguous(), 8)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the packed weight holds (integers, scales and zeros)."""
-        if self._vx is not None:
-            return self._packed.nbytes
+    def _torch_nbytes(self) -> int:
         return self._int4pack.nbytes + self._scales_and_zeros.nbytes
-
-    @property
-    def can_dequantize_rows(self) -> bool:
-        """Whether `dequantize_rows` reads rows back out of this weight (vx's C kernel layout)."""
-        return self._vx is not None
-
-    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """W[rows] [R, K] in float32 (a tied token embedding's lookup); only where `can_dequantize_rows`."""
-        return self._packed.dequantize_rows(rows)
-
-    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
-        if self._vx is not None:
-            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
-        return self._torch_matmul(x).to(out_dtype or x.dtype)
 
     def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape[:-1]
@@ -137,7 +159,7 @@ class Int4Groupwise:
         return y[:, :self.out_features].reshape(*shape, self.out_features)
 
 
-class Int8PerChannel:
+class Int8PerChannel(_QuantizedWeight):
     """An int8 weight [N, K] with one scale per output feature."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -145,27 +167,14 @@ class Int8PerChannel:
         if q.dtype != torch.int8 or q.dim() != 2 or scale.shape != (q.shape[0],):
             raise ValueError(f"Int8PerChannel: q {q.dtype} {tuple(q.shape)} with scale {tuple(scale.shape)}.")
         self.out_features, self.in_features = q.shape
-        self._vx = _vx_cpu_kernel(q.device)
-        if self._vx is not None:  # one group spanning K, zero 0
-            self.kernel = VX_CPU
-            self._packed = self._vx.pack(q, scale[:, None], torch.zeros_like(scale[:, None]), self.in_features,
-                                         bits=8)
+        # For the C kernel: one group spanning K, zero 0.
+        if self._pack_for_vx(q, scale[:, None], torch.zeros_like(scale[:, None]), self.in_features, bits=8):
             return
         self.kernel = TORCH_INT8PACK if q.device.type == "cpu" else TORCH_BLOCKS
         self._q, self._scale = q.contiguous(), scale.contiguous()
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the packed weight holds (integers and scales)."""
-        if self._vx is not None:
-            return self._packed.nbytes
+    def _torch_nbytes(self) -> int:
         return self._q.nbytes + self._scale.nbytes
-
-    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
-        if self._vx is not None:
-            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
-        return self._torch_matmul(x).to(out_dtype or x.dtype)
 
     def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == TORCH_BLOCKS:
@@ -176,7 +185,7 @@ class Int8PerChannel:
         return y.reshape(*shape, self.out_features)
 
 
-class Int8Groupwise:
+class Int8Groupwise(_QuantizedWeight):
     """An affine int8 weight [N, K] with a scale and a zero per group of `group_size` input features."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> None:
@@ -186,35 +195,16 @@ class Int8Groupwise:
         _check_groups("Int8Groupwise", q, scale, zero, group_size)
         n, k = q.shape
         self.out_features, self.in_features, self.group_size = n, k, group_size
-        self._vx = _vx_cpu_kernel(q.device)
-        if self._vx is not None:
-            self.kernel = VX_CPU
-            self._packed = self._vx.pack(q, scale, zero, group_size, bits=8)
+        if self._pack_for_vx(q, scale, zero, group_size, bits=8):
             return
         self.kernel = TORCH_BLOCKS
         self._q, self._scale, self._zero = q.contiguous(), scale.contiguous(), zero.contiguous()
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the packed weight holds (integers, scales and zeros)."""
-        if self._vx is not None:
-            return self._packed.nbytes
+    def _torch_nbytes(self) -> int:
         return self._q.nbytes + self._scale.nbytes + self._zero.nbytes
 
-    @property
-    def can_dequantize_rows(self) -> bool:
-        """Whether `dequantize_rows` reads rows back out of this weight (vx's C kernel layout)."""
-        return self._vx is not None
-
-    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """W[rows] [R, K] in float32 (a tied token embedding's lookup); only where `can_dequantize_rows`."""
-        return self._packed.dequantize_rows(rows)
-
-    def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N], in `out_dtype` (default x's)."""
-        if self._vx is not None:
-            return _vx_cpu_matmul(self._vx, self._packed, x, out_dtype)
-        return _dequantized_blocks(x, self._q, self._scale, self._zero, self.group_size).to(out_dtype or x.dtype)
+    def _torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return _dequantized_blocks(x, self._q, self._scale, self._zero, self.group_size)
 
 
 def _dequantized_blocks(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
