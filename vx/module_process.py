@@ -19,7 +19,9 @@ import site
 import subprocess
 import sys
 import traceback
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class ModuleProcess:
@@ -151,6 +153,20 @@ def watch_parent(fd: int, name: str, before_exit: Callable[[], None] | None = No
         os._exit(1)
 
     threading.Thread(target=watch, name=name, daemon=True).start()
+
+
+def join_parent(read_startup: Callable[[BinaryIO], T], watchdog: str,
+                before_exit: Callable[[T], None] | None = None) -> T:
+    """In the child, first thing: read the startup message from stdin (`read_startup`), keep the sentinel to this
+    process alone (so its exit closes it), take the application's import path (a `package.module:Class` the config
+    names imports from the same place), and watch the parent (`watch_parent`; `before_exit(startup)` runs if it
+    dies). The startup message must carry `sentinel_fd` and `sys_path`."""
+    stdin = sys.stdin.buffer
+    startup = read_startup(stdin)
+    os.set_inheritable(startup.sentinel_fd, False)  # type: ignore[attr-defined]
+    sys.path[:] = startup.sys_path  # type: ignore[attr-defined]
+    watch_parent(stdin.fileno(), watchdog, None if before_exit is None else lambda: before_exit(startup))
+    return startup
 
 
 def frame_startup(body: bytes) -> bytes:

@@ -23,21 +23,16 @@ from vx import platform  # noqa: E402
 from vx.config import decode_config  # noqa: E402
 from vx.core.engine_core import OUTPUT_LINGER_MS, EngineCore, EngineCoreProc  # noqa: E402
 from vx.core.protocol import EngineCoreReady, encode_output, read_startup  # noqa: E402
-from vx.module_process import describe_exception, watch_parent  # noqa: E402
+from vx.module_process import describe_exception, join_parent  # noqa: E402
 
 logger = logging.getLogger("vx.core.engine_main")  # `__name__` is "__main__" here
 
 
 def main() -> None:
     """Read the startup message, watch the client, then serve until shut down (never returns)."""
-    stdin = sys.stdin.buffer
-    startup = read_startup(stdin)
-    os.set_inheritable(startup.sentinel_fd, False)  # held by this process alone, so its exit closes it
-    # The application's import path (as multiprocessing's spawn gave it): a backend named `package.module:Class`
-    # imports from the same place as in the application.
-    sys.path[:] = startup.sys_path
     # When the client dies, nobody else is left to remove the ipc directory.
-    watch_parent(stdin.fileno(), "vx-parent-watchdog", lambda: shutil.rmtree(startup.ipc_dir, ignore_errors=True))
+    startup = join_parent(read_startup, "vx-parent-watchdog",
+                          lambda startup: shutil.rmtree(startup.ipc_dir, ignore_errors=True))
     run_engine_core_proc(startup.config, startup.input_addr, startup.output_addr)
 
 

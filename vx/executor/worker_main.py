@@ -23,18 +23,14 @@ import zmq  # noqa: E402
 
 from vx import platform  # noqa: E402
 from vx.executor.worker_protocol import STARTUP_SEQ, WorkerCall, WorkerReply, encode, read_startup  # noqa: E402
-from vx.module_process import describe_exception, watch_parent  # noqa: E402
+from vx.module_process import describe_exception, join_parent  # noqa: E402
 
 logger = logging.getLogger("vx.executor.worker_main")  # `__name__` is "__main__" here
 
 
 def main() -> None:
     """Read the startup message, watch the engine, join the world, load, serve (never returns)."""
-    stdin = sys.stdin.buffer
-    startup = read_startup(stdin)
-    os.set_inheritable(startup.sentinel_fd, False)  # held by this process alone, so its exit closes it
-    sys.path[:] = startup.sys_path
-    watch_parent(stdin.fileno(), "vx-worker-parent-watchdog")
+    startup = join_parent(read_startup, "vx-worker-parent-watchdog")
     platform.prefer_openmp_wait_policy()  # before torch is imported
     ctx = zmq.Context()
     calls = ctx.socket(zmq.SUB)
