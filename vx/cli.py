@@ -184,12 +184,15 @@ def _is_loopback(host: str) -> bool:
 
 def _serve(ns: argparse.Namespace) -> None:
     """Run the OpenAI-compatible server until SIGTERM / Ctrl-C (exit 0) or the engine's death (exit 1)."""
+    from vx.optional_dependencies import MissingExtraError, needs_extra
+
     try:
-        from vx.serve.app import build_app
-        from vx.serve.template_sandbox import TemplateLimits
-        from vx.serve.server import run
-    except ImportError as e:
-        raise SystemExit(f"vx serve needs the server dependencies: pip install 'vx[serve]' ({e})") from None
+        with needs_extra("vx serve", "serve"):
+            from vx.serve.app import build_app
+            from vx.serve.template_sandbox import TemplateLimits
+            from vx.serve.server import run
+    except MissingExtraError as e:
+        raise SystemExit(str(e)) from None
     from vx.client.async_llm import AsyncLLM
 
     handler = logging.StreamHandler()

@@ -1,7 +1,7 @@
 """OpenAI chat messages -> the model's prompt token ids, through its chat template, without blocking the event loop.
 
 The template renders in a renderer process (vx/serve/template_sandbox.py: bounded in time, memory and output
-size) and the text is tokenized in a worker thread (vx/serve/tokenize.py).
+size) and the text is tokenized in a worker thread (vx/serve/prompt_tokens.py).
 
 OpenAI messages carry things many templates do not handle: content as a list of parts, `content: null` next to
 `tool_calls`, `tool` results. They are normalized here so that any template renders them; for a template that
@@ -21,7 +21,7 @@ import anyio
 from vx.serve.errors import APIError, bad_request
 from vx.serve.protocol import ToolDefinition
 from vx.serve.template_sandbox import RendererUnavailable, TemplateRenderError, TemplateSandbox
-from vx.serve.tokenize import encode_prompt, in_thread
+from vx.serve.prompt_tokens import encode_prompt, in_thread
 from vx.serve.tool_parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 _TOOLS_SYSTEM_PROMPT = """# Tools

@@ -20,7 +20,7 @@ from vx.serve.request_limits import (check_logprob_entries, check_prompt_count, 
                                      check_sequences, check_stop_and_bad_words, prompt_count)
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
-from vx.serve.tokenize import in_thread, tokenize_prompts
+from vx.serve.prompt_tokens import in_thread, tokenize_prompts
 
 ENDPOINT = "/v1/completions"
 

@@ -25,7 +25,7 @@ from vx.serve.protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse
 from vx.serve.request_limits import check_prompt_count, prompt_count
 from vx.serve.state import ServerState, new_id
 from vx.serve.streaming import ClientDisconnected, run_until_disconnect
-from vx.serve.tokenize import in_thread, tokenize_prompts
+from vx.serve.prompt_tokens import in_thread, tokenize_prompts
 
 ENDPOINT = "/v1/embeddings"
 

@@ -27,10 +27,13 @@ import anyio
 import anyio.lowlevel
 from anyio.from_thread import BlockingPortal
 
-from vx.serve.app import build_app
-from vx.serve.asgi_transport import Call, async_transport, sync_transport
-from vx.serve.options import ServerOptions
-from vx.serve.template_sandbox import TemplateLimits
+from vx.optional_dependencies import needs_extra
+
+with needs_extra("vx.openai_client", "serve"):  # the server app it runs in-process: fastapi and the rest
+    from vx.serve.app import build_app
+    from vx.serve.asgi_transport import Call, async_transport, sync_transport
+    from vx.serve.options import ServerOptions
+    from vx.serve.template_sandbox import TemplateLimits
 
 BASE_URL = "http://vx.local/v1"  # never resolved: the transport hands every request to the app
 _PLACEHOLDER_KEY = "vx-in-process"  # the openai client insists on a key; the in-process app checks none

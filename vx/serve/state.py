@@ -16,7 +16,7 @@ from vx.serve.errors import APIError
 from vx.serve.inflight import InFlight
 from vx.serve.metrics import ServerMetrics
 from vx.serve.template_sandbox import TemplateSandbox
-from vx.serve.tokenize import new_tokenize_limiter
+from vx.serve.prompt_tokens import new_tokenize_limiter
 from vx.serve.options import ServerOptions
 
 
@@ -29,7 +29,7 @@ class ServerState:
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     trust_request_chat_template: bool = False  # accept `chat_template` in a request (rendered in the sandbox)
     templates: TemplateSandbox = field(default_factory=TemplateSandbox)  # renders every chat template
-    tokenize_limiter: anyio.CapacityLimiter = field(default_factory=new_tokenize_limiter)  # vx/serve/tokenize.py
+    tokenize_limiter: anyio.CapacityLimiter = field(default_factory=new_tokenize_limiter)  # vx/serve/prompt_tokens.py
     options: ServerOptions = field(default_factory=ServerOptions)
     inflight: InFlight = field(default_factory=InFlight)
 
