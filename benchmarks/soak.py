@@ -75,7 +75,8 @@ def rss(pid: int) -> int:
 
 def front_end_state(llm: Any) -> int:
     """Per-request entries the AsyncLLM still holds (0 when nothing runs)."""
-    return (len(llm._streams) + len(llm._deferred_drops) + len(llm.output_processor.request_states)
+    op = llm.output_processor
+    return (len(op.queues()) + len(op.deferred_drops) + len(op.request_states)
             + len(llm.output_processor.parent_requests)
             + len(llm._client._utility_waiters))
 

@@ -20,7 +20,7 @@ class City(BaseModel):
 
 async def main() -> None:
     async with vx.AsyncLLM() as llm:
-        client = instructor.from_openai(llm.openai_client())
+        client = instructor.from_openai(vx.openai_client(llm))
         city = await client.chat.completions.create(
             model=vx.DEFAULT_MODEL, response_model=City, max_tokens=64, temperature=0.0, max_retries=1,
             messages=[{"role": "user", "content": "Which city is the capital of France?"}])

@@ -21,7 +21,7 @@ def chat_model(client, **kwargs) -> ChatOpenAI:
 
 async def main() -> None:
     async with vx.AsyncLLM() as llm:
-        client = llm.openai_client()
+        client = vx.openai_client(llm)
         messages = [SystemMessage("Answer in one short sentence."), HumanMessage("What is the capital of France?")]
 
         print("--- ainvoke ---")

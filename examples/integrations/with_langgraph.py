@@ -25,7 +25,7 @@ def get_weather(city: str) -> str:
 
 async def main() -> None:
     async with vx.AsyncLLM() as llm:
-        client = llm.openai_client()
+        client = vx.openai_client(llm)
         model = ChatOpenAI(model=vx.DEFAULT_MODEL, api_key="unused", base_url=str(client.base_url),
                            root_async_client=client, async_client=client.chat.completions, temperature=0.0,
                            max_tokens=64).bind_tools([get_weather], tool_choice="get_weather")

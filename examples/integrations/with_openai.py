@@ -1,4 +1,4 @@
-"""The official `openai` client on an embedded vx: no server, no port (`llm.openai_client()`).
+"""The official `openai` client on an embedded vx: no server, no port (`vx.openai_client(llm)`).
 
     python examples/integrations/with_openai.py
 """
@@ -15,7 +15,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The curren
 
 async def main() -> None:
     async with vx.AsyncLLM() as llm:
-        client = llm.openai_client()  # an openai.AsyncOpenAI served by this process's engine
+        client = vx.openai_client(llm)  # an openai.AsyncOpenAI served by this process's engine
 
         print("--- chat, streamed ---")
         stream = await client.chat.completions.create(

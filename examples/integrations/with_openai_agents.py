@@ -23,7 +23,7 @@ async def main() -> None:
     set_tracing_disabled(True)  # traces go to OpenAI's servers by default
     async with vx.AsyncLLM() as llm:
         agent = Agent(name="weather", instructions="Answer with the tool's result.", tools=[get_weather],
-                      model=OpenAIResponsesModel(model=vx.DEFAULT_MODEL, openai_client=llm.openai_client()),
+                      model=OpenAIResponsesModel(model=vx.DEFAULT_MODEL, openai_client=vx.openai_client(llm)),
                       # A 135M model needs the push to call the tool, and is no judge of when to stop calling
                       # it: the tool's result is the answer.
                       model_settings=ModelSettings(tool_choice="required", temperature=0.0, max_tokens=64),

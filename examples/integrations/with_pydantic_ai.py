@@ -22,7 +22,7 @@ class City(BaseModel):
 
 async def main() -> None:
     async with vx.AsyncLLM() as llm:
-        model = OpenAIResponsesModel(vx.DEFAULT_MODEL, provider=OpenAIProvider(openai_client=llm.openai_client()))
+        model = OpenAIResponsesModel(vx.DEFAULT_MODEL, provider=OpenAIProvider(openai_client=vx.openai_client(llm)))
         agent = Agent(model, output_type=City, model_settings={"temperature": 0.0, "max_tokens": 64})
         result = await agent.run("Which city is the capital of France?")
         print(repr(result.output))

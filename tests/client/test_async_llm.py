@@ -49,7 +49,7 @@ async def assert_idle(llm: vx.AsyncLLM) -> None:
     stats = await llm.stats()
     assert (stats.num_running, stats.num_waiting, stats.kv_blocks_in_use) == (0, 0, 0), stats
     assert llm.output_processor.request_states == {}
-    assert len(llm._streams) == 0
+    assert llm.output_processor.queues() == []
 
 
 # ----------------------------------------------------------------------------------------- no engine needed
@@ -229,7 +229,8 @@ async def test_bad_input_fails_alone_at_submission_while_another_request_streams
         with pytest.raises(ValueError, match=message):
             async for _ in llm.stream(bad_prompt, bad_params, rid):
                 pass
-        assert llm.num_unfinished_requests == 1 and list(llm._streams) == ["bystander"]
+        assert llm.num_unfinished_requests == 1
+        assert [s.request_id for s in llm.output_processor.queues()] == ["bystander"]
     received += [t async for t in bystander]
     assert "".join(received) == expected  # undisturbed
     assert (await llm.complete(prompt, params, request_id="bystander")).outputs[0].text == expected  # reusable
@@ -459,7 +460,7 @@ async def test_sigkill_mid_stream(llm):
     assert not psutil.pid_exists(pid)  # reaped, not a zombie
     assert child_pids() == set()
     assert not os.path.exists(ipc_dir)
-    assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+    assert llm.output_processor.request_states == {} and llm.output_processor.queues() == []
 
 
 def test_application_process_never_imports_torch(tiny_model_dir):

@@ -73,7 +73,7 @@ async def engine_that_dies(model_dir: str, engine_kwargs: dict, *, exit_grace: f
     gone = wait_until(lambda: process_gone(pid), timeout=exit_grace) if exit_grace else process_gone(pid)
     assert gone and child_pids() <= before
     assert not os.path.exists(ipc_dir)
-    assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+    assert llm.output_processor.request_states == {} and llm.output_processor.queues() == []
     assert llm.output_processor.parent_requests == {}
 
 

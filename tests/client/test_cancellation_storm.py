@@ -45,8 +45,8 @@ def reference(tiny_model_dir) -> list[str]:
 def front_end_state(llm: AsyncLLM) -> dict[str, int]:
     """Sizes of every per-request structure the front end keeps (all must be 0 once nothing runs)."""
     return {
-        "streams": len(llm._streams),
-        "deferred_drops": len(llm._deferred_drops),
+        "streams": len(llm.output_processor.queues()),
+        "deferred_drops": len(llm.output_processor.deferred_drops),
         "request_states": len(llm.output_processor.request_states),
         "parent_requests": len(llm.output_processor.parent_requests),
         "utility_waiters": len(llm._client._utility_waiters),
@@ -138,6 +138,6 @@ async def test_cancellation_storm(anyio_backend, tiny_model_dir, reference):
         assert stats.num_preemptions > 0, stats
         assert (stats.num_running, stats.num_waiting, stats.kv_blocks_in_use) == (0, 0, 0), stats
         assert front_end_state(llm) == dict.fromkeys(front_end_state(llm), 0)
-        assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+        assert llm.output_processor.request_states == {} and llm.output_processor.queues() == []
         assert (await llm.complete(PROMPTS[0], PARAMS)).outputs[0].text == reference[0]  # still serving
     assert child_pids() <= before

@@ -60,7 +60,7 @@ async def test_64_concurrent_streams_match_in_process_llm_then_engine_fault(anyi
                 assert token_ids[i] == ids, i
         stats = await llm.stats()
         assert (stats.num_running, stats.num_waiting, stats.kv_blocks_in_use) == (0, 0, 0)
-        assert llm.output_processor.request_states == {} and len(llm._streams) == 0
+        assert llm.output_processor.request_states == {} and llm.output_processor.queues() == []
 
         # The engine raises inside execute_model: every stream gets EngineDeadError carrying the message.
         started, failed = [], []

@@ -1,4 +1,4 @@
-"""`vx.openai_client` / `AsyncLLM.openai_client` beyond the server's own tests (which run in-process too, see
+"""`vx.openai_client` beyond the server's own tests (which run in-process too, see
 conftest.py): responses stream as they are generated, the lifecycle (the client never stops an engine it did not
 start; a closed engine ends its requests with a 503), and the sync client's threads. On asyncio and trio."""
 
@@ -27,7 +27,7 @@ async def llm(anyio_backend, tiny_model_dir):
 
 
 async def test_a_stream_arrives_while_it_is_generated(llm):
-    client = llm.openai_client()
+    client = vx.openai_client(llm)
     stream = await client.chat.completions.create(max_tokens=200, stream=True, **CHAT)
     first = None
     async for chunk in stream:
@@ -47,7 +47,7 @@ async def test_closing_a_client_leaves_the_engine_running(llm):
     client = vx.openai_client(llm)
     assert isinstance(client, openai.AsyncOpenAI)
     await client.close()
-    again = llm.openai_client()
+    again = vx.openai_client(llm)
     out = await again.chat.completions.create(max_tokens=3, **CHAT)
     assert out.usage.completion_tokens == 3
     assert [t async for t in llm.stream("Hi", vx.SamplingParams(max_tokens=2, ignore_eos=True))]
@@ -55,7 +55,7 @@ async def test_closing_a_client_leaves_the_engine_running(llm):
 
 
 async def test_the_sync_client_serves_worker_threads_not_the_loop(llm):
-    client = llm.openai_client(sync=True)
+    client = vx.openai_client(llm, sync=True)
     assert isinstance(client, openai.OpenAI)
 
     def in_thread() -> list[str]:
@@ -70,9 +70,9 @@ async def test_the_sync_client_serves_worker_threads_not_the_loop(llm):
 async def test_an_engine_needs_starting_and_its_close_ends_the_clients_requests(anyio_backend, tiny_model_dir):
     engine = vx.AsyncLLM(tiny_model_dir, max_model_len=512)
     with pytest.raises(RuntimeError, match="Start the engine"):
-        engine.openai_client()
+        vx.openai_client(engine)
     async with engine:
-        client = engine.openai_client()
+        client = vx.openai_client(engine)
         assert (await client.chat.completions.create(max_tokens=2, **CHAT)).choices
     with anyio.fail_after(5):  # a 503 at once, never retried
         with pytest.raises(openai.APIStatusError) as err:

@@ -8,10 +8,8 @@ Leaving an `async for` early, in any way, aborts the request in the engine.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
-import importlib
 import logging
 import threading
 import uuid
@@ -25,7 +23,7 @@ from vx.client.core_client import AsyncMPClient
 from vx.client.request_stream import RequestStream
 from vx.client.submit import Prompt, PromptRequest, is_single_prompt, normalize_prompts, submit_requests
 from vx.config import EngineArgs, VxConfig
-from vx.core.protocol import EngineCoreOutputs
+from vx.core.protocol import EngineCoreOutputs, EngineCoreRequest
 from vx.errors import EngineDeadError, EngineGenerateError
 from vx.outputs import EmbeddingRequestOutput, EngineStats, RequestOutput
 from vx.pooling_params import PoolingParams
@@ -52,13 +50,6 @@ class AsyncLLM:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._background: list[tuple[anyio.CancelScope, anyio.Event]] = []  # the output and watcher tasks
         self._loop_thread: int | None = None
-        # Weak values: a stream whose generator was dropped unclosed vanishes, and its finalizer aborts it.
-        self._streams: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
-        # Aborted request ids whose front-end state could not be dropped where the abort happened (a finalizer
-        # or another thread); the loop's thread drops it at the next occasion.
-        self._deferred_drops: collections.deque[tuple[str, weakref.ref[RequestStream] | None]] = \
-            collections.deque()
-        self._busy = False  # the loop's thread is inside a section that walks the front-end state
         self._closed = False
 
     # --------------------------------------------------------------------------------------------- lifecycle
@@ -215,35 +206,22 @@ class AsyncLLM:
         outputs = await self._final_outputs(streams)
         return outputs[0] if single else outputs
 
-    def openai_client(self, *, sync: bool = False, **options: Any) -> Any:
-        """An `openai.AsyncOpenAI` (`sync=True`: `openai.OpenAI`) served by this engine in this process, with no
-        port: `vx.openai_client(self, ...)`, where the lifecycle and the options are described."""
-        # vx/serve builds on vx/client, so importing it here would be a cycle: the server app is looked up when
-        # the client is asked for (as a plugin would be), never when vx/client loads.
-        return importlib.import_module("vx.serve.openai_client").openai_client(self, sync=sync, **options)
-
     async def abort(self, request_id: str) -> None:
         """Abort a request: the engine frees it, and its stream ends with a final output (finish_reason 'abort')."""
         client = self._require_client()
-        self._drain_deferred()
         client.abort_requests(self.output_processor.engine_request_ids([request_id]))
-        self._busy = True
-        try:
-            finals = self.output_processor.abort_requests([request_id])
-            stream = self._streams.pop(request_id, None)
-            if stream is not None:
-                stream.detach()
-                for output in finals:
-                    stream.put(output)
-                if not finals:
-                    stream.fail(EngineGenerateError(f"Request {request_id!r} was aborted."))
-        finally:
-            self._busy = False
+        stream = self.output_processor.queue_of(request_id)
+        finals = self.output_processor.abort_requests([request_id])
+        if stream is not None:
+            for output in finals:
+                stream.put(output)
+            if not finals:
+                stream.fail(EngineGenerateError(f"Request {request_id!r} was aborted."))
 
     async def stats(self) -> EngineStats:
         """A snapshot of the engine: queues, KV blocks, prefix-cache hits, preemptions, steps."""
         client = self._require_client()
-        self._drain_deferred()
+        self.output_processor.do_deferred_drops()  # so that the front end's state is as current as the engine's
         return await client.stats_async()
 
     @property
@@ -280,21 +258,18 @@ class AsyncLLM:
     def _add_requests(self, requests: list[PromptRequest]) -> list[RequestStream]:
         """Submit `requests` all or nothing; a stream for each, in order."""
         client = self._require_client()
-        self._drain_deferred()
-        self._busy = True
-        streams = []
-        try:
-            processed = submit_requests(self.processor, self.output_processor, client, requests)
-            # Registered after the send: no output can be handled in between (the output task runs on this thread,
-            # and nothing here awaits), and a failed submission leaves no stream to undo.
-            for request in processed:
-                rid = request.request_id
-                stream = RequestStream(rid, request.sampling_params.output_kind)
-                stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), rid)
-                self._streams[rid] = stream
-                streams.append(stream)
-        finally:
-            self._busy = False
+        streams: list[RequestStream] = []
+
+        def new_stream(request: EngineCoreRequest) -> RequestStream:
+            streams.append(RequestStream(request.request_id, request.sampling_params.output_kind))
+            return streams[-1]
+
+        submit_requests(self.processor, self.output_processor, client, requests, new_stream)
+        # Armed after the send, when the streams are surely registered: no output can be handled in between (the
+        # output task runs on this thread, and nothing here awaits), and the stream of a failed submission, whose
+        # id may name another running request, never aborts anything.
+        for stream in streams:
+            stream.finalizer = weakref.finalize(stream, _abort_lost_stream, weakref.ref(self), stream.request_id)
         return streams
 
     async def _final_outputs(self, streams: list[RequestStream]) -> list[Any]:
@@ -316,37 +291,22 @@ class AsyncLLM:
     def _abort_now(self, stream: RequestStream) -> None:
         """Synchronous abort (works under cancellation and in finalizers): tell the engine, drop our state.
 
-        Only while `stream` is still its request's registered stream: once the request ended (or failed, or was
-        aborted) there is nothing to abort, and its id may already name a new request.
+        Only while `stream` is still its request's queue: once the request ended (or failed, or was aborted) there
+        is nothing to abort, and its id may already name a new request.
         """
         rid = stream.request_id
-        if self._client is None or self._streams.get(rid) is not stream:
+        if self._client is None or self.output_processor.queue_of(rid) is not stream:
             return
         stream.detach()
         self._client.abort_requests(self.output_processor.engine_request_ids([rid]))
-        if threading.get_ident() == self._loop_thread and not self._busy:
-            self._drop(rid, stream)
-        else:
-            self._deferred_drops.append((rid, weakref.ref(stream)))
+        self.output_processor.drop(rid, stream, now=threading.get_ident() == self._loop_thread)
 
     def _abort_from_finalizer(self, request_id: str) -> None:
-        # A finalizer may run in any thread, or inside a section of the loop's thread that walks the front-end
-        # state: only the (thread-safe) engine abort happens now, the state is dropped later on the loop.
+        # A finalizer may run in any thread, or while the loop's thread walks the request table: only the
+        # (thread-safe) engine abort happens now; the output processor drops the state when it safely can.
         if self._client is not None:
             self._client.abort_requests(self.output_processor.engine_request_ids([request_id]))
-            self._deferred_drops.append((request_id, None))
-
-    def _drop(self, request_id: str, stream: RequestStream | None) -> None:
-        current = self._streams.get(request_id)
-        if current is not None and current is not stream:
-            return  # the id already names a newer request
-        self._streams.pop(request_id, None)
-        self.output_processor.abort_requests([request_id])
-
-    def _drain_deferred(self) -> None:
-        while self._deferred_drops:
-            rid, ref = self._deferred_drops.popleft()
-            self._drop(rid, ref() if ref is not None else None)
+            self.output_processor.drop(request_id, None, now=False)
 
     async def _output_loop(self) -> None:
         """Demultiplex engine outputs into the request streams. Never raises (but for cancellation)."""
@@ -354,12 +314,7 @@ class AsyncLLM:
         assert client is not None
         try:
             while True:
-                outputs = await client.get_output_async()
-                self._busy = True
-                try:
-                    self._process(outputs)
-                finally:
-                    self._busy = False
+                self._process(await client.get_output_async())
         except EngineDeadError as e:
             self._fail_all(e)
         except Exception as e:  # noqa: BLE001 - a bug here must fail the requests, not the application's task
@@ -368,14 +323,13 @@ class AsyncLLM:
             self._fail_all(client.dead_error() or EngineDeadError())
 
     def _process(self, outs: EngineCoreOutputs) -> None:
-        self._drain_deferred()
+        """Fail the requests the engine refused, and hand the outputs to their streams (the output processor does)."""
         for err in outs.input_errors:
             rid = self.output_processor.request_id_of(err.request_id) if err.request_id is not None else None
-            stream = self._streams.pop(rid, None) if rid is not None else None
+            stream = self.output_processor.queue_of(rid) if rid is not None else None
             if stream is None:
                 logger.warning("The vx engine refused an input message: %s", err.message)
                 continue
-            stream.detach()
             _, others = self.output_processor.drop_failed(err.request_id)
             if others:  # the other samples of an n > 1 request
                 self._client.abort_requests(others)
@@ -383,34 +337,21 @@ class AsyncLLM:
         if not outs.outputs:
             return
         processed = self.output_processor.process_outputs(outs.outputs)
-        for output in processed.request_outputs:
-            stream = self._streams.get(output.request_id)
-            if output.finished:
-                self._streams.pop(output.request_id, None)
-            if stream is not None:
-                if output.finished:
-                    stream.detach()
-                stream.put(output)
         if processed.reqs_to_abort:  # finished here by a stop string; the engine still runs them
             assert self._client is not None
             self._client.abort_requests(processed.reqs_to_abort)
 
     def _fail_all(self, error: EngineDeadError) -> None:
         """The engine is gone: every stream raises a copy of `error`, and no front-end state is kept."""
-        self._busy = True
-        try:
-            streams = list(self._streams.values())
-            self._streams.clear()
-            self._deferred_drops.clear()
-            if self._client is not None:
-                self.output_processor.abort_requests(self.output_processor.request_ids())
-            for stream in streams:
-                stream.detach()
-                copy = EngineDeadError(str(error))
-                copy.__cause__ = error.__cause__
-                stream.fail(copy)
-        finally:
-            self._busy = False
+        if self._client is None:
+            return
+        op = self.output_processor
+        streams = op.queues()
+        op.abort_requests(op.request_ids())
+        for stream in streams:
+            copy = EngineDeadError(str(error))
+            copy.__cause__ = error.__cause__
+            stream.fail(copy)
 
 
 def _with_output_kind(params: SamplingParams | None, kind: RequestOutputKind) -> SamplingParams:

@@ -1,13 +1,17 @@
 """Turns the engine's new token ids into `RequestOutput`s: detokenize, apply stop strings, shape per output_kind.
 
 Runs in the application's process, one `OutputProcessor` per client. A request's state lives here from
-`add_request` until it finishes (engine finish, stop string, or abort) and is dropped at once afterwards.
+`add_request` until it finishes (engine finish, stop string, or abort) and is dropped at once afterwards. It is the
+front end's one request table: a streaming front end (`AsyncLLM`) also keeps each request's output queue here.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, Protocol
 
 from vx.client.detokenizer import IncrementalDetokenizer
 from vx.client.parallel_sampling import ParentRequest
@@ -16,6 +20,32 @@ from vx.step import TokenLogprobs
 from vx.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, PositionLogprobs,
                         RequestOutput)
 from vx.sampling_params import RequestOutputKind, SamplingParams
+
+
+class OutputQueue(Protocol):
+    """Where a request's outputs go when its consumer reads them as they come (`vx.client.request_stream`)."""
+
+    def put(self, output: RequestOutput | EmbeddingRequestOutput) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
+class QueueHolder:
+    """The optional output queue of one request's state, held weakly: a consumer that drops its queue unread lets
+    it be garbage-collected, and the queue's own finalizer then aborts the request."""
+
+    def __init__(self, queue: OutputQueue | None) -> None:
+        self._queue_ref = weakref.ref(queue) if queue is not None else None
+
+    @property
+    def has_queue(self) -> bool:
+        """Whether the request was given a queue (its outputs go there, not to `process_outputs`' result)."""
+        return self._queue_ref is not None
+
+    @property
+    def queue(self) -> OutputQueue | None:
+        """The queue while its consumer still holds it; None without one (the sync `LLM`) or once it is gone."""
+        return self._queue_ref() if self._queue_ref is not None else None
 
 
 @dataclass
@@ -27,11 +57,12 @@ class ProcessedOutputs:
     reqs_to_abort: list[str] = field(default_factory=list)
 
 
-class RequestState:
-    """Everything the client tracks for one in-flight request."""
+class RequestState(QueueHolder):
+    """Everything the client tracks for one in-flight request (a child of an n > 1 one shares its parent's queue)."""
 
     def __init__(self, request: EngineCoreRequest, prompt: str | None, tokenizer: Any,
-                 parent: ParentRequest | None = None) -> None:
+                 parent: ParentRequest | None = None, queue: OutputQueue | None = None) -> None:
+        super().__init__(queue)
         self.request_id = request.request_id
         self.parent = parent  # set for a child of an n > 1 request: its outputs go through the parent
         self.prompt = prompt
@@ -148,12 +179,13 @@ class RequestState:
             self.prompt_logprobs = [None, *to_position_logprobs(prompt, decode)]
 
 
-class PoolingRequestState:
+class PoolingRequestState(QueueHolder):
     """What the client tracks for one embedding request: nothing streams, its one output carries the embedding."""
 
     parent = None  # never an n > 1 request
 
-    def __init__(self, request: EngineCoreRequest, prompt: str | None) -> None:
+    def __init__(self, request: EngineCoreRequest, prompt: str | None, queue: OutputQueue | None = None) -> None:
+        super().__init__(queue)
         self.request_id = request.request_id
         self.prompt = prompt
         self.prompt_token_ids = list(request.prompt_token_ids)
@@ -183,6 +215,10 @@ class OutputProcessor:
 
     A request with n > 1 is tracked as a `ParentRequest` over n child states (one per engine request); the
     application only ever sees the parent's id.
+
+    Use it from one thread, the owner's, but for `drop`, which anyone may call: a queue's finalizer runs in any
+    thread, or in the owner's thread while a method here walks the table. So a drop that cannot happen at once is
+    recorded, and done at the start of the next method that walks the table.
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -190,18 +226,76 @@ class OutputProcessor:
         self.request_states: dict[str, RequestState | PoolingRequestState] = {}  # by engine request id
         self.parent_requests: dict[str, ParentRequest] = {}  # n > 1 requests, by the application's id
         self._token_text: dict[int, str] = {}  # decoded single tokens, for logprobs
+        # Drops recorded where they could not happen at once: (application's id, weak ref to its queue or None).
+        self.deferred_drops: collections.deque[tuple[str, weakref.ref[OutputQueue] | None]] = collections.deque()
+        self._walking = False  # a method is walking the table (a drop now would change it under that method)
 
-    def add_request(self, request: EngineCoreRequest, prompt: str | None = None) -> list[EngineCoreRequest]:
-        """Start tracking `request`; `prompt` is the original text, if any. Returns the requests to send to the
-        engine: `request` itself, or its n children when `n > 1`."""
+    @contextlib.contextmanager
+    def _walk(self) -> Iterator[None]:
+        """Around every method that changes the table: do the deferred drops first, and defer drops meanwhile."""
+        if self._walking:  # nested in another method, which did the drops
+            yield
+            return
+        self._walking = True
+        try:
+            while self.deferred_drops:
+                rid, ref = self.deferred_drops.popleft()
+                self._drop_if_current(rid, ref() if ref is not None else None)
+            yield
+        finally:
+            self._walking = False
+
+    def drop(self, request_id: str, queue: OutputQueue | None, *, now: bool) -> None:
+        """Forget `request_id` (its output goes nowhere), but only while `queue` is still its queue (None: while its
+        queue is gone), since the id may name a newer request by then. `now`: the caller is on the owner's thread;
+        the drop still waits if a method is walking the table. Safe from any thread."""
+        if now and not self._walking:
+            with self._walk():
+                self._drop_if_current(request_id, queue)
+        else:
+            self.deferred_drops.append((request_id, weakref.ref(queue) if queue is not None else None))
+
+    def do_deferred_drops(self) -> None:
+        """Do the drops recorded so far now (from the owner's thread, outside any method here)."""
+        with self._walk():
+            pass
+
+    def _drop_if_current(self, request_id: str, queue: OutputQueue | None) -> None:
+        if self.queue_of(request_id) is queue:
+            self.abort_requests([request_id])
+
+    def queue_of(self, request_id: str) -> OutputQueue | None:
+        """The output queue of a request (the application's id); None if it has none, is gone, or is unknown."""
+        parent = self.parent_requests.get(request_id)
+        for rid in parent.child_ids if parent is not None else (request_id,):
+            state = self.request_states.get(rid)
+            if state is not None:
+                return state.queue if state.parent is parent else None
+        return None
+
+    def queues(self) -> list[OutputQueue]:
+        """The queue of every request still tracked that has one."""
+        queues = (self.queue_of(rid) for rid in self.request_ids())
+        return [q for q in queues if q is not None]
+
+    def add_request(self, request: EngineCoreRequest, prompt: str | None = None,
+                    queue: OutputQueue | None = None) -> list[EngineCoreRequest]:
+        """Start tracking `request`; `prompt` is the original text, if any; `queue`, if given, receives its outputs
+        (`process_outputs` then does not return them). Returns the requests to send to the engine: `request` itself,
+        or its n children when `n > 1`."""
+        with self._walk():
+            return self._add_request(request, prompt, queue)
+
+    def _add_request(self, request: EngineCoreRequest, prompt: str | None,
+                     queue: OutputQueue | None) -> list[EngineCoreRequest]:
         rid = request.request_id
         if rid in self.request_states or rid in self.parent_requests:
             raise ValueError(f"Request id {rid!r} is already in flight; request ids must be unique.")
         if request.pooling_params is not None:
-            self.request_states[rid] = PoolingRequestState(request, prompt)
+            self.request_states[rid] = PoolingRequestState(request, prompt, queue)
             return [request]
         if request.sampling_params.n == 1:
-            self.request_states[rid] = RequestState(request, prompt, self.tokenizer)
+            self.request_states[rid] = RequestState(request, prompt, self.tokenizer, queue=queue)
             return [request]
         parent = ParentRequest(request, prompt)
         children = parent.child_requests()
@@ -210,7 +304,7 @@ class OutputProcessor:
             raise ValueError(f"Request id {clash[0]!r} (a child of {rid!r}) is already in flight.")
         self.parent_requests[rid] = parent
         for child in children:
-            self.request_states[child.request_id] = RequestState(child, prompt, self.tokenizer, parent)
+            self.request_states[child.request_id] = RequestState(child, prompt, self.tokenizer, parent, queue)
         return children
 
     def engine_request_ids(self, request_ids: Iterable[str]) -> list[str]:
@@ -228,10 +322,11 @@ class OutputProcessor:
     def drop_failed(self, engine_request_id: str) -> tuple[str, list[str]]:
         """An engine request failed (the engine refused it): drop its whole request, every sample of an n > 1
         one. Returns the application's id and the engine ids of the other samples, which the engine must abort."""
-        rid = self.request_id_of(engine_request_id)
-        others = [e for e in self.engine_request_ids([rid]) if e != engine_request_id]
-        self.abort_requests([rid])
-        return rid, others
+        with self._walk():
+            rid = self.request_id_of(engine_request_id)
+            others = [e for e in self.engine_request_ids([rid]) if e != engine_request_id]
+            self.abort_requests([rid])
+            return rid, others
 
     def request_id_of(self, engine_request_id: str) -> str:
         """The application's id for an engine request id (a child's parent)."""
@@ -260,8 +355,13 @@ class OutputProcessor:
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         """Apply one batch of engine outputs; return the outputs now due and the requests to abort in the engine.
 
-        Outputs for unknown request ids (e.g. steps that raced with an abort or a stop string) are ignored.
+        An output due for a request with a queue goes into the queue instead of the result. Outputs for unknown
+        request ids (e.g. steps that raced with an abort or a stop string) are ignored.
         """
+        with self._walk():
+            return self._process_outputs(outputs)
+
+    def _process_outputs(self, outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         result = ProcessedOutputs()
         for out in outputs:
             state = self.request_states.get(out.request_id)
@@ -272,7 +372,7 @@ class OutputProcessor:
                 if out.finished:
                     del self.request_states[out.request_id]
                 if embedding is not None:
-                    result.request_outputs.append(embedding)
+                    self._deliver(state, embedding, result)
                 continue
             if out.num_cached_tokens:
                 state.num_cached_tokens = out.num_cached_tokens
@@ -295,12 +395,26 @@ class OutputProcessor:
                 if state.parent.finished:
                     self.parent_requests.pop(state.parent.request_id, None)
             if request_output is not None:
-                result.request_outputs.append(request_output)
+                self._deliver(state, request_output, result)
         return result
+
+    @staticmethod
+    def _deliver(state: RequestState | PoolingRequestState, output: RequestOutput | EmbeddingRequestOutput,
+                 result: ProcessedOutputs) -> None:
+        if not state.has_queue:
+            result.request_outputs.append(output)
+            return
+        queue = state.queue
+        if queue is not None:  # else its consumer is gone, and its finalizer is aborting the request
+            queue.put(output)
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[RequestOutput]:
         """Drop the given requests (the application's ids); return a final output (finish_reason 'abort') for
-        each one that was known."""
+        each one that was known. The queues, if any, get nothing: the caller says how their requests end."""
+        with self._walk():
+            return self._abort_requests(request_ids)
+
+    def _abort_requests(self, request_ids: Iterable[str]) -> list[RequestOutput]:
         finals: list[RequestOutput] = []
         for rid in request_ids:
             parent = self.parent_requests.pop(rid, None)

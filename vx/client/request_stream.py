@@ -1,4 +1,5 @@
-"""`RequestStream`: the channel from AsyncLLM's output task to the one consumer of a request.
+"""`RequestStream`: the channel from AsyncLLM's output task to the one consumer of a request (the request's
+output queue, kept in the `OutputProcessor`'s state of the request).
 
 The output task must never wait for a consumer, so `put` is synchronous and unbounded in count: outputs that
 arrive while the consumer is behind merge into one (DELTA: text and token ids concatenate; CUMULATIVE and
@@ -31,14 +32,19 @@ class RequestStream:
         self._event: anyio.Event | None = None
 
     def put(self, output: RequestOutput) -> None:
-        """Hand over an output; never blocks. Call from the event loop's thread."""
+        """Hand over an output (a finished one ends the request: the GC safety net goes); never blocks. Call from
+        the event loop's thread."""
+        if output.finished:
+            self.detach()
         if self._pending is not None and self.output_kind == RequestOutputKind.DELTA:
             output = merge_delta(self._pending, output)
         self._pending = output
         self._wake()
 
     def fail(self, error: BaseException) -> None:
-        """End the stream with an error, raised to the consumer after any output still pending."""
+        """End the stream with an error, raised to the consumer after any output still pending (its request is
+        over: the GC safety net goes)."""
+        self.detach()
         if self._error is None:
             self._error = error
             self._wake()

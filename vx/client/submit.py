@@ -8,7 +8,7 @@ step raises, everything registered so far is aborted in the engine and dropped f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from vx.core.protocol import EngineCoreRequest
 from vx.pooling_params import PoolingParams
@@ -16,7 +16,7 @@ from vx.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from vx.client.core_client import EngineCoreClient
-    from vx.client.output_processor import OutputProcessor
+    from vx.client.output_processor import OutputProcessor, OutputQueue
     from vx.client.processor import Processor
 
 Prompt = str | list[int]
@@ -34,9 +34,11 @@ class PromptRequest:
 
 
 def submit_requests(processor: Processor, output_processor: OutputProcessor, client: EngineCoreClient,
-                    requests: Sequence[PromptRequest]) -> list[EngineCoreRequest]:
+                    requests: Sequence[PromptRequest],
+                    new_queue: Callable[[EngineCoreRequest], OutputQueue] | None = None) -> list[EngineCoreRequest]:
     """Submit `requests` all or nothing; returns their processed `EngineCoreRequest`s, in order.
 
+    `new_queue`, if given, makes each request's output queue, registered with its state (a streaming front end).
     A bad request raises `ValueError` before anything is registered. A failure while registering or sending (a
     duplicate id, a dead engine) aborts what was already sent, forgets what was registered, and re-raises.
     """
@@ -45,8 +47,9 @@ def submit_requests(processor: Processor, output_processor: OutputProcessor, cli
     registered: list[str] = []
     try:
         for request, given in zip(processed, requests):
-            engine_requests = output_processor.add_request(request, given.prompt if isinstance(given.prompt, str)
-                                                           else None)
+            prompt = given.prompt if isinstance(given.prompt, str) else None
+            queue = new_queue(request) if new_queue is not None else None
+            engine_requests = output_processor.add_request(request, prompt, queue)
             registered.append(request.request_id)
             for engine_request in engine_requests:
                 client.add_request(engine_request)

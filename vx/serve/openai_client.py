@@ -10,7 +10,7 @@ Only a sync client made from an `AsyncLLM` that was not started (plain sync code
 starts the engine itself, on an event loop in a daemon thread, and stops it on `client.close()` or at exit.
 
 This lives in vx/serve, not vx/client: it needs the server app, and vx/serve already imports vx/client, so the
-other place would make a cycle (tests/test_import_directions.py). `AsyncLLM.openai_client` reaches it through `vx`.
+other place would make a cycle (tests/test_import_directions.py).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def openai_client(llm: Any, *, sync: bool = False, served_model_names: list[str]
     if not sync:
         if llm.config is None:
             raise RuntimeError("Start the engine before making its async client: "
-                               "`async with vx.AsyncLLM() as llm: client = llm.openai_client()`.")
+                               "`async with vx.AsyncLLM() as llm: client = vx.openai_client(llm)`.")
         return openai.AsyncOpenAI(base_url=BASE_URL, http_client=openai.DefaultAsyncHttpxClient(transport=inner),
                                   **client_kwargs)
     owned = None
@@ -108,7 +108,7 @@ def _call_on_engine_loop() -> Call:
     def call(fn: Any, *args: Any) -> Any:
         if threading.get_ident() == loop_thread:
             raise RuntimeError("The sync vx client was called on the event loop that runs the engine, which it "
-                               "would block for good: use the async client there (llm.openai_client()), or call "
+                               "would block for good: use the async client there (vx.openai_client(llm)), or call "
                                "this one from a worker thread (anyio.to_thread.run_sync, asyncio.to_thread).")
         return anyio.from_thread.run(fn, *args, token=token)
 
