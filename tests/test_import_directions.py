@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1] / "vx"
 
 # package -> the packages (and third-party roots) it must never import, lazily or not.
 FORBIDDEN = {
-    "client": {"gpu", "models", "executor", "torch"},
+    "client": {"gpu", "models", "executor", "serve", "torch"},
     "cache": {"core", "gpu", "models", "client", "executor"},
     "gpu": {"core", "client", "executor"},
     "models": {"gpu", "core", "client", "executor"},
