@@ -129,20 +129,23 @@ class Scheduler:
                 self._schedule_waiting(plan)
         return self._finish_plan(plan)
 
-    def _startable(self, limit: int) -> list[Request]:
-        """The first `limit` waiting requests that could start now (their grammar, if any, is compiled)."""
+    def _grammar_ready(self, req: Request) -> bool:
+        """Whether `req` may be scheduled to sample now: its grammar, if any, is compiled and the mask of its next
+        position is filled (unconstrained requests always are)."""
         grammars = self.structured_output_manager
+        return grammars is None or grammars.is_ready(req.request_id)
+
+    def _startable(self, limit: int) -> list[Request]:
+        """The first `limit` waiting requests that could start now (their grammar, if any, is ready)."""
         scan = itertools.islice(self.waiting, 4 * limit + 16)  # bounded: a queue of pending compiles is not walked
-        return list(itertools.islice((r for r in scan if grammars is None or grammars.is_ready(r.request_id)),
-                                     limit))
+        return list(itertools.islice(filter(self._grammar_ready, scan), limit))
 
     def _first_of_each_client(self, limit: int) -> list[Request]:
         """The first waiting request that could start now of each client, for the first `limit` clients in queue
         order (a client behind another's long fan-out is found too)."""
-        grammars = self.structured_output_manager
         seen: dict[str, Request] = {}
         for req in self.waiting:
-            if req.group not in seen and (grammars is None or grammars.is_ready(req.request_id)):
+            if req.group not in seen and self._grammar_ready(req):
                 seen[req.group] = req
                 if len(seen) >= limit:
                     break
@@ -189,7 +192,7 @@ class Scheduler:
                 continue
             num_new = min(req.num_tokens - req.num_computed_tokens, plan.budget, plan.share_left(req.group))
             if num_new <= 0 or (req.num_computed_tokens + num_new >= req.num_tokens
-                                and not self._mask_ready(req)):
+                                and not self._grammar_ready(req)):
                 # Nothing to compute, its client used its share of this step, or it would sample without the mask
                 # of its grammar, which is still filling.
                 i += 1
@@ -207,7 +210,7 @@ class Scheduler:
                 if victim.request_id in plan.num_scheduled_tokens:
                     # The priority policy, or a top-up pass, may evict a request already planned in this step:
                     # unplan it (its new blocks went back with the rest of its blocks).
-                    plan.unplan(victim.request_id)
+                    plan.unplan(victim.request_id, victim.group)
                 if victim_index < i:
                     i -= 1  # step back over its place in `running`
             if new_blocks is None:
@@ -223,14 +226,12 @@ class Scheduler:
         """Admit waiting requests in queue order while the budget, `max_num_seqs` and the KV cache allow; one
         whose grammar still compiles lets the requests behind it go first."""
         kv = self.kv_cache_manager
-        grammars = self.structured_output_manager
         skipped: list[Request] = []
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.peek()
             # A chunk can be cut to its client's share; a whole prompt (no chunked prefill) cannot.
             limited = self.config.enable_chunked_prefill and plan.shares is not None
-            if (grammars is not None and not grammars.is_ready(req.request_id)) or (
-                    limited and plan.share_left(req.group) <= 0):
+            if not self._grammar_ready(req) or (limited and plan.share_left(req.group) <= 0):
                 skipped.append(self.waiting.pop())
                 continue
             if _needs_every_prompt_position(req):
@@ -284,11 +285,6 @@ class Scheduler:
                 out.grammar_bitmask, errors = grammars.grammar_bitmask(out.grammar_req_ids)
                 self._failing.extend(errors)
         return out
-
-    def _mask_ready(self, req: Request) -> bool:
-        grammars = self.structured_output_manager
-        return (req.sampling_params.structured_outputs is None or grammars is None
-                or grammars.is_ready(req.request_id))
 
     def _pop_victim(self) -> tuple[Request, int]:
         """Take the request to preempt out of `running` (the newest, or the least important one), with its index."""
@@ -432,7 +428,6 @@ class _StepPlan:
     preempted_req_ids: set[str] = field(default_factory=set)
     out_of_kv: bool = False  # the KV cache preempted a request: no waiting request starts in this step
     shares: TokenShares | None = None  # each client's part of the budget (None: no limit)
-    groups: dict[str, str] = field(default_factory=dict)  # req id -> its client, for the planned requests
 
     def share_left(self, client: str) -> int:
         return self.budget if self.shares is None else self.shares.left(client)
@@ -440,16 +435,15 @@ class _StepPlan:
     def add(self, request_data: CachedRequestData | NewRequestData, num_tokens: int, client: str) -> None:
         (self.new_reqs if isinstance(request_data, NewRequestData) else self.cached_reqs).append(request_data)
         self.num_scheduled_tokens[request_data.req_id] = num_tokens
-        self.groups[request_data.req_id] = client
         self.budget -= num_tokens
         if self.shares is not None:
             self.shares.spend(client, num_tokens)
 
-    def unplan(self, req_id: str) -> None:
-        """Take back a planned request's tokens (it was preempted later in the same step)."""
+    def unplan(self, req_id: str, client: str) -> None:
+        """Take back a planned request's tokens (it was preempted later in the same step); `client` is its group."""
         self.cached_reqs = [r for r in self.cached_reqs if r.req_id != req_id]
         self.new_reqs = [r for r in self.new_reqs if r.req_id != req_id]
         num_tokens = self.num_scheduled_tokens.pop(req_id)
         self.budget += num_tokens
         if self.shares is not None:
-            self.shares.spend(self.groups[req_id], -num_tokens)
+            self.shares.spend(client, -num_tokens)
