@@ -17,6 +17,7 @@ from tests.support.worker_view import WorkerView
 import vx
 from vx.cache import KVCacheManager
 from vx.config import CacheConfig, ModelConfig, SchedulerConfig, StructuredOutputsConfig
+from vx.core.grammar_masks import allowed_tokens
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
 from vx.core.structured_output import StructuredOutputManager, grammar_key
@@ -193,9 +194,9 @@ def _scheduler(mgr: StructuredOutputManager) -> Scheduler:
 
 
 def _allowed(bitmask_row: np.ndarray) -> np.ndarray:
-    """Token ids whose bit is set in one bitmask row."""
-    bits = (bitmask_row[:, None].astype(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
-    return np.flatnonzero(bits.reshape(-1)[:VOCAB])
+    """Token ids (within the model's vocabulary) whose bit is set in one bitmask row."""
+    tokens = allowed_tokens(bitmask_row)
+    return tokens[tokens < VOCAB]
 
 
 def test_scheduler_admits_others_while_a_grammar_compiles(tiny_model_dir):
