@@ -1,6 +1,24 @@
-"""Model code: the loader, the architecture registry and the Llama-family model (no vx.gpu imports)."""
+"""Model code: the loader, the architecture registry and one file per model family (no vx.gpu imports).
 
-from vx.models.loader import DefaultModelLoader
-from vx.models.registry import resolve_model_class, supported_architectures
+The package itself imports nothing heavy: the application process reads `vx.models.registry` (which
+architectures exist) without torch; the loader and the model classes load when first asked for.
+"""
 
-__all__ = ["DefaultModelLoader", "resolve_model_class", "supported_architectures"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "DefaultModelLoader": "vx.models.loader",
+    "resolve_model_class": "vx.models.registry",
+    "supported_architectures": "vx.models.registry",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'vx.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
