@@ -23,7 +23,7 @@ demo: setup
 	$(PY) examples/demo.py
 
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=30
 
 bench: setup
 	$(VENV)/bin/vx bench
