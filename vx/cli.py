@@ -216,7 +216,7 @@ def _serve(ns: argparse.Namespace) -> None:
                             max_memory_mb=ns.chat_template_max_memory_mb, workers=ns.chat_template_workers)
     app = build_app(llm, served_model_names=ns.served_model_name, api_key=api_key, chat_template=chat_template,
                     options=options, trust_request_chat_template=ns.trust_request_chat_template,
-                    chat_template_limits=limits)
+                    chat_template_limits=limits, freeze_heap=True)
     code = run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
     if code:
         raise SystemExit(code)

@@ -29,6 +29,7 @@ from vx.core.protocol import (
     UtilityRequest,
     encode_output,
 )
+from vx.core.heap_freezer import HeapFreezer
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
 from vx.module_process import describe_exception
@@ -142,6 +143,7 @@ class EngineCoreProc:
         self.input_queue: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self.output_queue: queue.Queue[Any] = queue.Queue()
         self._shutdown_requested = False
+        self._heap = HeapFreezer()
         self._utilities: dict[str, Callable[..., Any]] = {
             "stats": engine_core.stats,
             "reset_prefix_cache": engine_core.reset_prefix_cache,
@@ -154,6 +156,7 @@ class EngineCoreProc:
         out_thread = threading.Thread(target=self._output_thread, name="vx-engine-output")
         out_thread.start()
         code = 0
+        self._heap.freeze()  # everything built so far lives as long as the engine
         try:
             self._busy_loop()
         except BaseException as e:  # noqa: BLE001 - any failure ends the engine; the client must hear why
@@ -173,6 +176,8 @@ class EngineCoreProc:
         core = self.engine_core
         while not self._shutdown_requested:
             if not core.has_unfinished_requests():
+                if self.input_queue.empty():
+                    self._heap.freeze_if_grown()
                 self._handle(self.input_queue.get())  # idle: sleep until a message comes
             while True:  # between steps, apply everything that arrived (adds, aborts, utility calls)
                 try:

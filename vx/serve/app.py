@@ -9,6 +9,7 @@ This module runs in the application's process: it never imports torch (the model
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from typing import Any, AsyncIterator, Literal
 
@@ -53,7 +54,7 @@ class HealthStatus(BaseModel):
 def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key: str | None = None,
               chat_template: str | None = None, start_engine: bool = True,
               options: ServerOptions | None = None, trust_request_chat_template: bool = False,
-              chat_template_limits: TemplateLimits | None = None) -> FastAPI:
+              chat_template_limits: TemplateLimits | None = None, freeze_heap: bool = False) -> FastAPI:
     """A FastAPI app serving `llm` (a `vx.AsyncLLM`) under `served_model_names` (default: its model argument).
 
     With `start_engine=True` the app's lifespan runs `async with llm`; pass False for an engine the caller
@@ -61,7 +62,8 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
     `options` holds the limits and behaviours (body size, concurrency, timeouts, shutdown); the header timeout,
     the shutdown grace period and the exit on engine death need the app run by `vx.serve.server.run`.
     A request's own `chat_template` is refused unless `trust_request_chat_template`; every template renders in
-    renderer processes under `chat_template_limits` (vx/serve/template_sandbox.py).
+    renderer processes under `chat_template_limits` (vx/serve/template_sandbox.py). `freeze_heap` (for a process
+    that only serves, as `vx serve`'s) moves what start-up built out of the garbage collector's full passes.
     """
     names = list(served_model_names or [])
     if not names:
@@ -81,6 +83,11 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
                 return
             async with llm:
                 logger.info("vx serve: the engine is ready; serving %s", ", ".join(names))
+                if freeze_heap:
+                    # What start-up built lives as long as the server: out of the collector's full passes, which
+                    # would otherwise walk it and stall every stream for a large part of a second.
+                    gc.collect()
+                    gc.freeze()
                 yield
         finally:
             await state.templates.aclose()
