@@ -18,9 +18,9 @@ import pytest
 
 from vx.config import (EngineArgs, ModelConfig, VxConfig, decode_config, encode_config, hf_head_dim, hf_num_kv_heads,
                        read_json)
-from vx.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
+from vx.config.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
                              default_grammar_compile_workers)
-from vx.hf_config import HFConfig, config_fields, resolve_hf_config
+from vx.config.hf_config import HFConfig, config_fields, resolve_hf_config
 
 
 @pytest.mark.parametrize("fields,kv_heads,head_dim", [
@@ -205,7 +205,7 @@ def test_a_config_is_resolved_through_transformers_once_then_from_the_cache(tmp_
     assert (mistral.sliding_window, hf_head_dim(mistral), mistral.rms_norm_eps) == (4096, 16, 1e-6)
     assert len(list((tmp_path / "hf-config").iterdir())) == 2
 
-    code = ("import sys, json; from vx.hf_config import resolve_hf_config; "
+    code = ("import sys, json; from vx.config.hf_config import resolve_hf_config; "
             f"c = resolve_hf_config(json.loads({json.dumps(json.dumps(dict(base, model_type='qwen3')))}), 'm'); "
             "print(c.head_dim, 'transformers' in sys.modules)")
     env = {**os.environ, "VX_CACHE_DIR": str(tmp_path)}

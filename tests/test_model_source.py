@@ -15,7 +15,7 @@ import pytest
 from tests.support.engine_processes import ENGINE_KWARGS
 
 import vx
-from vx import model_source
+from vx.config import model_source
 
 REPO_ID = "vx-tests/tiny-qwen3"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -50,7 +50,7 @@ _GENERATE_BY_ID = textwrap.dedent("""
     import json, sys
     import anyio
     import vx
-    from vx.model_source import resolve_model
+    from vx.config.model_source import resolve_model
 
     repo_id, kwargs = sys.argv[1], json.loads(sys.argv[2])
     params = vx.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 
 from vx import envs
-from vx.checkpoint_files import check_gguf_file
+from vx.config.checkpoint_files import check_gguf_file
 
 logger = logging.getLogger(__name__)
 
