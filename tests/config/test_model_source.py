@@ -1,5 +1,6 @@
-"""Models by Hugging Face id (vx/model_source.py): an id resolves from the Hugging Face cache offline and generates,
-a missing id gets an error that names it, a download happens only when allowed, and never while only validating.
+"""Models by Hugging Face id (vx/config/model_source.py): an id resolves from the Hugging Face cache offline and
+generates, a missing id gets an error that names it, a download happens only when allowed, and never while only
+validating.
 No test touches the network: the cache is built here, and the download itself is replaced."""
 
 from __future__ import annotations
