@@ -88,7 +88,7 @@ def build_random_model(name: str, dirpath: str, seed: int = 0) -> str:
 def resolve_bench_model(spec: str | None) -> str:
     """A model directory for `spec`: one of MODEL_CHOICES (built once, or the default model's config directory) or a directory."""
     if spec is None or spec == "default":
-        from vx.model_source import resolve_model
+        from vx.config.model_source import resolve_model
 
         return resolve_model(None)
     if spec in RANDOM_MODEL_SHAPES:
@@ -105,7 +105,7 @@ def resolve_bench_model(spec: str | None) -> str:
 def resolve_gguf_or_dir(spec: str | None) -> tuple[str | None, str]:
     """The GGUF file (None for a Hugging Face directory) and the model directory (config, tokenizer) of `spec`:
     None or ``default`` (the default model's GGUF file), a ``.gguf`` path, or what `resolve_bench_model` takes."""
-    from vx.model_source import default_model_file, ensure_gguf_config
+    from vx.config.model_source import default_model_file, ensure_gguf_config
 
     if spec in (None, "default"):
         gguf = default_model_file()

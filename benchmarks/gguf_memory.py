@@ -31,7 +31,7 @@ MIB = 2**20
 def float_copy(gguf_path: str) -> str:
     """The GGUF model as a float32 safetensors directory, made once under the bench cache: transformers
     dequantizes the file (the float path's checkpoint)."""
-    from vx.model_source import ensure_gguf_config
+    from vx.config.model_source import ensure_gguf_config
 
     st = os.stat(gguf_path)
     target = os.path.join(bench_cache_dir(), f"float-{os.path.basename(gguf_path)}-{st.st_size}-{st.st_mtime_ns}")
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import anyio
 
-    from vx.model_source import default_model_file, ensure_gguf_config
+    from vx.config.model_source import default_model_file, ensure_gguf_config
 
     quiet_logs()
     gguf_path = os.path.abspath(args.model) if args.model else default_model_file()

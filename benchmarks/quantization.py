@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     if ns.child:
         _child(ns)
         return
-    from vx.model_source import default_model_file
+    from vx.config.model_source import default_model_file
 
     ns.gguf = os.path.abspath(ns.gguf) if ns.gguf else default_model_file()
     formats = [f.strip() for f in ns.formats.split(",") if f.strip()]

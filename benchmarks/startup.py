@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import anyio
 
-    from vx.model_source import resolve_model
+    from vx.config.model_source import resolve_model
 
     engine_args = {k: v for k, v in (("dtype", args.dtype), ("device", args.device)) if v is not None}
     t0 = time.perf_counter()

@@ -89,7 +89,7 @@ def tiny_gguf(tmp_path_factory):
 def default_model_dir() -> str:
     """The bundled SmolLM2-135M-Instruct's config directory (config, tokenizer; its weights stay in the GGUF
     file), written once into the vx cache."""
-    from vx.model_source import default_model_file, resolve_model
+    from vx.config.model_source import default_model_file, resolve_model
 
     try:
         default_model_file()

@@ -35,7 +35,7 @@ def test_the_header_lists_what_gguf_reader_lists(tiny_gguf, types):
 
 
 def test_the_default_models_header(default_model_dir):
-    from vx.model_source import default_model_file
+    from vx.config.model_source import default_model_file
 
     path = default_model_file()
     header = read_gguf_header(path)

@@ -23,8 +23,8 @@ FORBIDDEN = {
 }
 # Modules anyone may import: they import none of the packages above.
 LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
-          "model_architectures", "step", "module_process", "cpu_defaults", "class_path", "version", "model_limits",
-          "checkpoint_files", "gguf_header", "optional_dependencies")
+          "model_architectures", "step", "module_process", "class_path", "version", "gguf_header",
+          "optional_dependencies")
 
 
 def _unit(module: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from vx.hf_config import HFConfig
+from vx.config.hf_config import HFConfig
 from vx.pooling_params import PoolingParams, check_dimensions, matryoshka_dimensions
 
 

@@ -12,7 +12,7 @@ from vx.version import __version__
 
 _EXPORTS = {
     "AsyncLLM": "vx.client.async_llm",
-    "DEFAULT_MODEL": "vx.model_source",
+    "DEFAULT_MODEL": "vx.config.model_source",
     "LLM": "vx.client.llm",
     "LLMEngine": "vx.client.llm_engine",
     "EngineArgs": "vx.config",
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from vx.client.llm import LLM
     from vx.client.llm_engine import LLMEngine
     from vx.config import EngineArgs
-    from vx.model_source import DEFAULT_MODEL
+    from vx.config.model_source import DEFAULT_MODEL
     from vx.errors import EngineDeadError, EngineOverloadedError, InvalidRequestError
     from vx.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, EngineStats, Logprob,
                             RequestOutput)

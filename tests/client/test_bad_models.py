@@ -220,7 +220,7 @@ def test_why_the_gguf_config_child_failed_reaches_the_value_error(tmp_path, monk
     (1, b"Traceback ...\nMemoryError\n", "exit code 1; it printed: Traceback ...\nMemoryError"),
 ])
 def test_a_child_that_dies_without_an_error_line_is_described(returncode, stderr, reason):
-    from vx.model_source import _child_failure
+    from vx.config.model_source import _child_failure
 
     assert _child_failure(subprocess.CompletedProcess([], returncode, stderr=stderr)) == reason
 

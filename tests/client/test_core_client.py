@@ -1,5 +1,5 @@
 """The multiprocess engine-core clients: AsyncMPClient on asyncio and trio, and the thread-safe send path. (The
-config they send to the engine process is tested in tests/test_config.py.)"""
+config they send to the engine process is tested in tests/config/test_wire.py.)"""
 
 from __future__ import annotations
 

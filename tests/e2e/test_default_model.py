@@ -60,7 +60,7 @@ def test_greedy_equals_hf_on_its_own_dequantization_of_the_file(llm):
     and the two assign the same log-probabilities."""
     from transformers import AutoModelForCausalLM
 
-    from vx.model_source import default_model_file
+    from vx.config.model_source import default_model_file
 
     prompts = [_chat_ids(llm.tokenizer, q) for q in QUESTIONS]
     params = vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=3)
@@ -85,7 +85,7 @@ def test_int8_activations_stay_near_hugging_face(default_model_dir, monkeypatch)
     from transformers import AutoModelForCausalLM
 
     from vx.kernels.quant_matmul import load_quant_matmul_kernel
-    from vx.model_source import default_model_file
+    from vx.config.model_source import default_model_file
 
     kernel = load_quant_matmul_kernel()
     if kernel is None or 4 not in kernel.i8_bits or 8 not in kernel.i8_bits:
@@ -136,7 +136,7 @@ def test_the_default_model_is_not_expanded_to_float(default_model_dir):
     from vx.gguf_header import read_gguf_header
     from vx.models.layers.quantization.gguf_blocks import unpack
     from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise
-    from vx.model_source import default_model_file
+    from vx.config.model_source import default_model_file
 
     config = EngineArgs(model=None, dtype="float32", device="cpu", max_model_len=256).create_config()
     assert config.quant_config.method == "gguf"
@@ -171,7 +171,7 @@ def test_the_default_model_is_not_expanded_to_float(default_model_dir):
 
 
 def test_the_config_directory_is_made_once_and_holds_no_weights(default_model_dir):
-    from vx.model_source import default_model_file, gguf_config_dir_for, resolve_model
+    from vx.config.model_source import default_model_file, gguf_config_dir_for, resolve_model
 
     assert resolve_model(None) == default_model_dir == gguf_config_dir_for(default_model_file())
     assert os.path.isfile(os.path.join(default_model_dir, ".vx-complete"))

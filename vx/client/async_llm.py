@@ -88,7 +88,7 @@ class AsyncLLM:
         from vx.client.processor import Processor
         from vx.client.tokenizer import load_tokenizer
 
-        from vx.model_source import resolve_model
+        from vx.config.model_source import resolve_model
 
         # Convert a GGUF model first (once), so that the engine finds it ready. The config is resolved here (from
         # config.json as plain JSON: transformers would import torch) and goes to the engine whole; the tokenizer

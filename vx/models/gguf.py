@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from vx.checkpoint_files import checked_gguf_header
+from vx.config.checkpoint_files import checked_gguf_header
 from vx.models.gguf_deepseek2 import deepseek2_config
 from vx.gguf_header import TensorInfo, read_gguf_header
 from vx.models.gguf_weights import check_architecture

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from vx.checkpoint_files import safetensors_files
-from vx.model_limits import check_model_config
+from vx.config.checkpoint_files import safetensors_files
+from vx.config.model_limits import check_model_config
 from vx.models.layers.quantization import QuantizationConfig, process_weights_after_loading
 from vx.models.registry import resolve_model_class
 from vx.platform import release_free_heap

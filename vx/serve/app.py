@@ -112,7 +112,7 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
 
 
 def _default_model_name() -> str:
-    from vx.model_source import DEFAULT_MODEL
+    from vx.config.model_source import DEFAULT_MODEL
 
     return DEFAULT_MODEL
 

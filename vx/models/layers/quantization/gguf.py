@@ -51,7 +51,7 @@ Kernel = Union[Int4Groupwise, Int8Groupwise, FloatWeight]
 
 class GGUFConfig(QuantizationConfig):
     """A model whose weights are a GGUF file's tensors: `quantization_config` {"quant_method": "gguf",
-    "gguf_file": path}, written by vx when it reads the file's config (vx.model_source)."""
+    "gguf_file": path}, written by vx when it reads the file's config (vx.config.model_source)."""
 
     name = "gguf"
 

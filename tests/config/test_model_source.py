@@ -1,5 +1,6 @@
-"""Models by Hugging Face id (vx/model_source.py): an id resolves from the Hugging Face cache offline and generates,
-a missing id gets an error that names it, a download happens only when allowed, and never while only validating.
+"""Models by Hugging Face id (vx/config/model_source.py): an id resolves from the Hugging Face cache offline and
+generates, a missing id gets an error that names it, a download happens only when allowed, and never while only
+validating.
 No test touches the network: the cache is built here, and the download itself is replaced."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from tests.support.engine_processes import ENGINE_KWARGS
 
 import vx
-from vx import model_source
+from vx.config import model_source
 
 REPO_ID = "vx-tests/tiny-qwen3"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -50,7 +51,7 @@ _GENERATE_BY_ID = textwrap.dedent("""
     import json, sys
     import anyio
     import vx
-    from vx.model_source import resolve_model
+    from vx.config.model_source import resolve_model
 
     repo_id, kwargs = sys.argv[1], json.loads(sys.argv[2])
     params = vx.SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

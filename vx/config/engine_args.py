@@ -1,164 +1,31 @@
-"""Engine configuration: flat user-facing `EngineArgs`, validated into a structured `VxConfig`.
-
-`VxConfig` and its parts are msgspec Structs: the front end resolves the config once and sends it whole to the
-engine process (`encode_config` / `decode_config`), which uses it as it arrives.
-"""
+"""`EngineArgs`: the user's flat engine arguments (vLLM's names), checked and resolved into a `VxConfig`."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from vx import platform
-from vx.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
-                             default_grammar_compile_workers)
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
-from vx.checkpoint_files import check_checkpoint
+from vx.config.checkpoint_files import check_checkpoint
+from vx.config.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
+                                    default_grammar_compile_workers)
+from vx.config.hf_config import (derive_max_model_len, eos_token_ids, hf_head_dim, hf_num_kv_heads, load_hf_config,
+                                 read_hf_config_json, resolve_quantization)
+from vx.config.model_source import resolve_model, resolve_tokenizer
+from vx.config.vx_config import (DEFAULT_MAX_N_SEQUENCES, SCHEDULING_POLICIES, CacheConfig, DeviceConfig,
+                                 ModelConfig, ParallelConfig, QuantConfig, SchedulerConfig, StructuredOutputsConfig,
+                                 VxConfig)
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
-from vx.model_limits import check_model_config
-from vx.hf_config import (HFConfig, ResolvedHFConfig, config_fields, hf_head_dim, hf_is_mla, hf_kv_cache_dims,
-                          hf_num_kv_heads, resolve_hf_config)
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 from vx.quantization_split import check_quantized_split
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
-SCHEDULING_POLICIES = ("fcfs", "priority")  # first come first served; lower `priority` value first
 # The executors DESIGN.md names (vLLM's names); else "package.module:ClassName", an Executor subclass.
 _EXECUTOR_BACKENDS = ("uni", "mp", "ray")
-
-DEFAULT_MAX_N_SEQUENCES = 128  # OpenAI's own limit on `n`
-
-
-class ModelConfig(msgspec.Struct, kw_only=True):
-    """Which model to run and how its numbers are stored."""
-
-    model: str
-    tokenizer: str
-    # A transformers config; an `HFConfig` (config.json as read) in a front end that must not import torch. It
-    # crosses to the engine process as its fields and arrives as an `HFConfig` of every resolved field (`decode_config`).
-    hf_config: Any
-    architecture: str
-    dtype: str  # resolved: float32 | bfloat16 | float16
-    max_model_len: int
-    vocab_size: int
-    eos_token_ids: list[int]
-    seed: int = 0
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.hf_config.num_hidden_layers)
-
-    @property
-    def num_kv_heads(self) -> int:
-        return hf_num_kv_heads(self.hf_config)
-
-    @property
-    def head_dim(self) -> int:
-        return hf_head_dim(self.hf_config)
-
-    @property
-    def attn_logits_soft_cap(self) -> float | None:
-        """Gemma 2's cap on attention scores (scores -> cap * tanh(scores / cap)); None: not capped."""
-        cap = getattr(self.hf_config, "attn_logit_softcapping", None)
-        return float(cap) if cap is not None else None
-
-    @property
-    def is_mla(self) -> bool:
-        """Whether the model's attention is Multi-head Latent Attention (DeepSeek-V2): see `hf_kv_cache_dims`."""
-        return hf_is_mla(self.hf_config)
-
-
-class CacheConfig(msgspec.Struct, kw_only=True):
-    """Paged KV cache: block size, how many blocks (or a memory budget), prefix caching."""
-
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
-    # The KV cache's storage: "auto" (the model dtype) or a smaller one (vx.quantization_methods.KV_CACHE_DTYPES).
-    kv_cache_dtype: str = "auto"
-
-
-class SchedulerConfig(msgspec.Struct, kw_only=True):
-    """Continuous-batching limits per step."""
-
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # "fcfs" | "priority" (lower `priority` value first)
-    # The most parallel samples (`SamplingParams.n`) one request may ask for; the front end refuses more.
-    max_n_sequences: int = DEFAULT_MAX_N_SEQUENCES
-
-
-class DeviceConfig(msgspec.Struct, kw_only=True):
-    """Where the model runs and which attention backend computes it."""
-
-    device: str = "cpu"  # resolved: cpu | cuda
-    attention_backend: str = "auto"
-    enforce_eager: bool = False
-    # torch's threads in the engine on a CPU (`platform.cpu_threads()`: OMP_NUM_THREADS, else the physical cores the
-    # process may use); 0 leaves torch's own choice (CUDA).
-    cpu_threads: int = 0
-
-
-class StructuredOutputsConfig(msgspec.Struct, kw_only=True):
-    """Limits on compiling structured-output grammars (in the engine process)."""
-
-    cache_memory_bytes: int = 256 * 2**20  # compiled grammars kept for reuse, by xgrammar's memory_size_bytes
-    max_grammar_memory_bytes: int = 64 * 2**20  # a larger compiled grammar fails its request
-    compile_timeout_s: float = 10.0  # a longer compile fails its request; its thread runs on, discarded
-    compile_workers: int = 2  # compiles that run at once (and mask threads in each lane)
-    # The longest a step waits for a next-token mask; a grammar whose masks take longer is refused at compile
-    # (timed on a sample path) or failed once several of its masks took longer.
-    mask_budget_s: float = 0.1
-
-
-class ParallelConfig(msgspec.Struct, kw_only=True):
-    """How the model is split over workers (tensor-parallel ranks x pipeline stages) and the executor that reaches
-    them."""
-
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    # "uni" (one worker in the engine's process), "mp" (a worker process per rank), "ray" (a Ray actor per rank), or
-    # "package.module:ClassName" of an `Executor` subclass, imported in the engine process (`vx.executor.registry`): a test's faulty executor, say.
-    distributed_executor_backend: str = "uni"
-    # The worker class of the multiprocess executor's processes: "auto" (vx.gpu.worker.Worker), or
-    # "package.module:ClassName" of a subclass (vLLM's `worker_cls`; the tests inject faulty workers this way).
-    worker_cls: str = "auto"
-
-    @property
-    def world_size(self) -> int:
-        """Workers in all: one per (pipeline stage, tensor-parallel rank)."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
-
-
-class QuantConfig(msgspec.Struct, kw_only=True):
-    """How the model's weights are stored: the quantization method (vx.quantization_methods), resolved from the
-    checkpoint's `quantization_config` (whose details the method reads from `ModelConfig.hf_config`), a GGUF file's
-    tensor types, or `quantization=`; None: float weights in the model dtype."""
-
-    method: str | None = None
-
-
-class VxConfig(msgspec.Struct, kw_only=True):
-    """Everything the engine needs, checked and resolved."""
-
-    model_config: ModelConfig
-    cache_config: CacheConfig
-    scheduler_config: SchedulerConfig
-    device_config: DeviceConfig
-    parallel_config: ParallelConfig = msgspec.field(default_factory=ParallelConfig)
-    structured_outputs_config: StructuredOutputsConfig = msgspec.field(default_factory=StructuredOutputsConfig)
-    quant_config: QuantConfig = msgspec.field(default_factory=QuantConfig)
-
 
 _STRUCTURED_DEFAULTS = StructuredOutputsConfig()
 
@@ -212,8 +79,6 @@ class EngineArgs:
     def validate(self) -> None:
         """The cheap checks: every scalar field, and that the model exists (no loading, no GGUF conversion)."""
         self._check_scalars()
-        from vx.model_source import resolve_model
-
         resolve_model(self.model, convert=False)
 
     def create_config(self, light: bool = False) -> VxConfig:
@@ -225,8 +90,8 @@ class EngineArgs:
         self._check_scalars()
         platform.prefer_openmp_wait_policy()  # before transformers loads torch
         device = platform.resolve_device(self.device)
-        model_path = _resolve_model_path(self.model)
-        hf_config = _read_hf_config_json(model_path) if light else _load_hf_config(model_path)
+        model_path = resolve_model(self.model)
+        hf_config = read_hf_config_json(model_path) if light else load_hf_config(model_path)
         archs = list(getattr(hf_config, "architectures", None) or [])
         if not archs:
             raise ValueError(f"{model_path}/config.json names no 'architectures'; cannot pick a model class.")
@@ -234,7 +99,7 @@ class EngineArgs:
             raise ValueError(f"{model_path}: {reason}")
         check_checkpoint(model_path, hf_config)
         dtype = platform.resolve_dtype(self.dtype, device, hf_config)
-        derived_max = _derive_max_model_len(hf_config)
+        derived_max = derive_max_model_len(hf_config)
         if self.max_model_len is None:
             max_model_len = min(derived_max, 8192) if derived_max else 2048
         else:
@@ -246,13 +111,13 @@ class EngineArgs:
         vocab_size = int(hf_config.vocab_size)
         model_config = ModelConfig(
             model=model_path,
-            tokenizer=_resolve_tokenizer_path(self.tokenizer) if self.tokenizer else model_path,
+            tokenizer=resolve_tokenizer(self.tokenizer) if self.tokenizer else model_path,
             hf_config=hf_config,
             architecture=archs[0],
             dtype=dtype,
             max_model_len=max_model_len,
             vocab_size=vocab_size,
-            eos_token_ids=_eos_token_ids(model_path, hf_config),
+            eos_token_ids=eos_token_ids(model_path, hf_config),
             seed=self.seed,
         )
         cpu_threads = platform.cpu_threads() if device == "cpu" else 0
@@ -414,115 +279,3 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
     if pp > layers:
         raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's {layers} layers (each stage needs one).")
     check_quantized_split(quant_method, hf_config, tp, hf_head_dim(hf_config), kv_heads)
-
-
-def checkpoint_quantization_config(hf_config: Any) -> dict[str, Any] | None:
-    """The checkpoint's `quantization_config` as a dict (None when it has none)."""
-    qc = getattr(hf_config, "quantization_config", None)
-    if qc is None:
-        return None
-    return dict(qc) if isinstance(qc, dict) else dict(qc.to_dict())
-
-
-def resolve_quantization(requested: str | None, hf_config: Any) -> str | None:
-    """The quantization method the model runs with: the checkpoint's own (its `quantization_config.quant_method`),
-    else `requested` (quantize float weights at load), else None. A method vx cannot load is a `ValueError` naming
-    it: loading its tensors as float weights would give a silently wrong model."""
-    checkpoint = checkpoint_quantization_config(hf_config)
-    if checkpoint is None:
-        return requested
-    method = str(checkpoint.get("quant_method", "")).lower()
-    if method not in QUANTIZATION_NAMES:
-        raise ValueError(f"The checkpoint is quantized with quant_method={method!r}, which vx cannot load; vx loads "
-                         f"{', '.join(QUANTIZATION_NAMES) or 'no quantized checkpoints yet'}.")
-    if requested is not None and requested != method:
-        raise ValueError(f"quantization={requested!r} was asked for, but the checkpoint is quantized with "
-                         f"{method!r}; leave quantization unset to load it as it is.")
-    return method
-
-
-def _resolve_model_path(model: str | None) -> str:
-    from vx.model_source import resolve_model
-
-    return resolve_model(model)
-
-
-def _resolve_tokenizer_path(tokenizer: str) -> str:
-    from vx.model_source import resolve_tokenizer
-
-    return resolve_tokenizer(tokenizer)
-
-
-def _load_hf_config(path: str) -> Any:
-    from transformers import AutoConfig
-
-    # As the file says first: transformers' config classes build per-layer lists from the layer count, and so on.
-    check_model_config(read_json(os.path.join(path, "config.json")), f"{path}/config.json")
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except Exception as e:  # transformers raises many kinds here
-        raise ValueError(f"Could not read the model config in {path!r}: {e}") from e
-    check_model_config(config, f"{path}/config.json (with its model type's defaults)")
-    return config
-
-
-def encode_config(config: VxConfig) -> bytes:
-    """`config` whole, as msgpack: what the engine process receives. The HF config goes as [fields, resolved]: a
-    transformers config's `to_dict()` is resolved already, config.json as a light front end read it is not."""
-    mc = config.model_config
-    if mc.hf_config is not None:  # its own form: msgspec would take a transformers config apart
-        resolved = not isinstance(mc.hf_config, HFConfig) or isinstance(mc.hf_config, ResolvedHFConfig)
-        config = msgspec.structs.replace(config, model_config=msgspec.structs.replace(
-            mc, hf_config=[config_fields(mc.hf_config), resolved]))
-    return msgspec.msgpack.encode(config)
-
-
-def decode_config(data: bytes) -> VxConfig:
-    """The `VxConfig` of `encode_config`, every field as it was sent; the HF config becomes an `HFConfig` of every
-    field transformers resolves (without importing transformers, once the fields' resolution is cached)."""
-    config = msgspec.msgpack.decode(data, type=VxConfig)
-    mc = config.model_config
-    if mc.hf_config is not None:
-        fields, resolved = mc.hf_config
-        mc.hf_config = ResolvedHFConfig(fields) if resolved else resolve_hf_config(fields, mc.model)
-    return config
-
-
-def _read_hf_config_json(path: str) -> HFConfig:
-    raw = read_json(os.path.join(path, "config.json"))
-    if not raw:
-        raise ValueError(f"Could not read the model config in {path!r}: config.json is missing or not JSON.")
-    if not isinstance(raw.get("vocab_size"), int):
-        raise ValueError(f"{path}/config.json has no integer 'vocab_size'.")
-    check_model_config(raw, f"{path}/config.json")
-    return HFConfig(raw)
-
-
-def _derive_max_model_len(hf_config: Any) -> int | None:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        v = getattr(hf_config, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-def _eos_token_ids(path: str, hf_config: Any) -> list[int]:
-    ids: list[int] = []
-    for source in (hf_config.to_dict(), read_json(os.path.join(path, "generation_config.json"))):
-        eos = source.get("eos_token_id")
-        if isinstance(eos, int):
-            eos = [eos]
-        for e in eos or []:
-            if isinstance(e, int) and e not in ids:
-                ids.append(e)
-    return ids
-
-
-def read_json(path: str) -> dict[str, Any]:
-    """A JSON object file of a model directory; {} when it is missing, unreadable or not an object."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, RecursionError):  # RecursionError: arrays or objects nested thousands deep
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -1,4 +1,4 @@
-"""vx.checkpoint_files: a config that claims more than its weight files hold (layers they have no tensors of, an
+"""vx.config.checkpoint_files: a config that claims more than its weight files hold (layers they have no tensors of, an
 embedding of another shape, more weights than their bytes can store) is refused from the files' headers alone, by
 the config (light or not) before anything is built; a GGUF file's keys the same way, and its shape's ranges."""
 
@@ -9,7 +9,7 @@ import os
 import pytest
 from tests.support.hostile_models import with_config, write_small_gguf
 
-from vx.checkpoint_files import (check_checkpoint, check_gguf_file, checked_gguf_header, gguf_config_fields,
+from vx.config.checkpoint_files import (check_checkpoint, check_gguf_file, checked_gguf_header, gguf_config_fields,
                                  safetensors_shapes)
 from vx.config import EngineArgs
 

@@ -1,6 +1,6 @@
-"""vx.model_limits: every real model's shape and every tiny test model lies within the ranges; a field outside its
-range, a NaN or infinity anywhere, a non-positive epsilon or rope base, heads that do not divide what they must are
-a ValueError naming the field and its value. The weight count it derives is a lower bound of the model's."""
+"""vx.config.model_limits: every real model's shape and every tiny test model lies within the ranges; a field
+outside its range, a NaN or infinity anywhere, a non-positive epsilon or rope base, heads that do not divide what they
+must are a ValueError naming the field and its value. The weight count it derives is a lower bound of the model's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 from tests.support.tiny_models import FAMILIES, make_tiny_config, make_tiny_hf_model
 
-from vx.model_limits import check_model_config, min_weight_count
+from vx.config.model_limits import check_model_config, min_weight_count
 
 # Real models' shapes as their config.json states them, with their parameter counts (their files' weights).
 REAL_MODELS = {

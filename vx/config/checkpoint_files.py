@@ -17,7 +17,7 @@ import re
 import struct
 from typing import TYPE_CHECKING, Any, Mapping
 
-from vx.model_limits import check_model_config, min_weight_count
+from vx.config.model_limits import check_model_config, min_weight_count
 
 if TYPE_CHECKING:
     from vx.gguf_header import GGUFHeader
@@ -84,9 +84,9 @@ def safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:
 
 
 def check_checkpoint(model_path: str, config: Any) -> None:
-    """`config` (a config.json dict, a transformers config or an `HFConfig`, range-checked: vx.model_limits) against
-    the safetensors files of `model_path`. A GGUF file's config directory is not checked here: its file was, when
-    the directory was written (vx.model_source)."""
+    """`config` (a config.json dict, a transformers config or an `HFConfig`, range-checked:
+    vx.config.model_limits) against the safetensors files of `model_path`. A GGUF file's config directory is not
+    checked here: its file was, when the directory was written (vx.config.model_source)."""
     fields = config if isinstance(config, Mapping) else config.to_dict()
     quantization = fields.get("quantization_config")
     if isinstance(quantization, Mapping) and quantization.get("quant_method") == "gguf":
@@ -123,7 +123,7 @@ def gguf_config_fields(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, st
 
 def checked_gguf_header(path: str) -> tuple[GGUFHeader, dict[str, Any], dict[str, str]]:
     """A GGUF file's header, read within `vx.gguf_header`'s limits with every scalar and string value kept, and the
-    config fields its keys state (with their keys), checked against vx.model_limits' ranges: what makes it safe
+    config fields its keys state (with their keys), checked against vx.config.model_limits' ranges: what makes it safe
     for the gguf package and transformers to parse. `ValueError` naming the key."""
     from vx.gguf_header import read_gguf_header  # the gguf package (numpy): only where a GGUF file is read
 

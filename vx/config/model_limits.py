@@ -139,7 +139,7 @@ def _non_finite(fields: Mapping[str, Any]) -> tuple[str, float] | None:
 def min_weight_count(config: Any) -> int:
     """A lower bound on the weights a model of this config holds: the token embedding, and per layer the attention
     projections and the smallest MLP its layers may have (dense, or all experts). What a config's files must hold
-    at least (vx.checkpoint_shape); fields that are absent count nothing."""
+    at least (vx.config.checkpoint_files); fields that are absent count nothing."""
     f = _fields(config)
     hidden, layers = f.get("hidden_size") or 0, f.get("num_hidden_layers") or 0
     heads = f.get("num_attention_heads") or 0
