@@ -1,6 +1,6 @@
 """A GGUF file's tensors under the Hugging Face names vx's models load, straight from the file.
 
-Each tensor is memory-mapped where the file's header (vx/models/gguf_header.py) says it lies and handed out as a
+Each tensor is memory-mapped where the file's header (vx/models/gguf/header.py) says it lies and handed out as a
 view: nothing is copied or dequantized here. A weight (2-D) arrives as its raw rows of bytes, `<module>.qweight`,
 after its ggml type, `<module>.qweight_type`, for the layer's GGUF method to repack; a norm or bias (1-D, always
 float in GGUF) arrives as a float tensor under its own name. The names come from the gguf package's map (HF module
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from vx.config import hf_num_kv_heads
-from vx.gguf_header import TensorInfo, read_gguf_header
+from vx.models.gguf.header import TensorInfo, read_gguf_header
 from vx.models.layers.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYPES, row_bytes, type_name
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ _NORMS_PLUS_ONE = ("gemma2", "gemma3")
 _FUSED_ARCHITECTURES = ("phi3",)
 _FUSED_MODULES = ("self_attn.qkv_proj", "mlp.gate_up_proj")
 
-# Tensors the config is read from (vx.models.gguf), not weights: Phi-3's LongRoPE factors.
+# Tensors the config is read from (vx.models.gguf.config), not weights: Phi-3's LongRoPE factors.
 _CONFIG_TENSORS = ("rope_factors_long", "rope_factors_short")
 
 # A layer's stacked experts ([E, rows, features] per projection) and their HF projection names.

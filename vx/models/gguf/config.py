@@ -1,15 +1,15 @@
 """Write a GGUF file's model directory, once: config.json, generation_config.json and the tokenizer (with its chat
 template), read from the file's metadata by transformers. No weights: config.json's `quantization_config`
 ({"quant_method": "gguf", "gguf_file": path}) points the engine at the file, which it loads quantized
-(vx/models/gguf_weights.py).
+(vx/models/gguf/weights.py).
 
 transformers' GGUF config mapping leaves out fields some families need; they are read from the metadata here as
 llama.cpp's converter writes them: Gemma 2's soft caps and query scale, Phi-3's partial rotary, LongRoPE factors
 (stored as tensors) and window, Qwen3-MoE's expert width, and Mixtral, which llama.cpp writes as arch "llama" with
 an expert count and transformers reads as a plain Llama. DeepSeek-V2 (`deepseek2`), which transformers does not map
-at all, has its whole config read by vx.models.gguf_deepseek2.
+at all, has its whole config read by vx.models.gguf.deepseek2.
 
-Run as `python -m vx.models.gguf SRC.gguf DST_DIR`: the front end starts it in a child process, so the
+Run as `python -m vx.models.gguf.config SRC.gguf DST_DIR`: the front end starts it in a child process, so the
 application's process never imports torch (transformers does).
 """
 
@@ -21,9 +21,9 @@ import sys
 from typing import Any
 
 from vx.checkpoint_files import checked_gguf_header
-from vx.models.gguf_deepseek2 import deepseek2_config
-from vx.gguf_header import TensorInfo, read_gguf_header
-from vx.models.gguf_weights import check_architecture
+from vx.models.gguf.deepseek2 import deepseek2_config
+from vx.models.gguf.header import TensorInfo, read_gguf_header
+from vx.models.gguf.weights import check_architecture
 
 
 def write_gguf_config(src: str, dst: str) -> None:
@@ -160,7 +160,7 @@ def _mixtral_config(llama: dict[str, Any], experts: int, used: int) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m vx.models.gguf SRC.gguf DST_DIR", file=sys.stderr)
+        print("usage: python -m vx.models.gguf.config SRC.gguf DST_DIR", file=sys.stderr)
         return 2
     try:
         write_gguf_config(args[0], args[1])
