@@ -23,7 +23,7 @@ FORBIDDEN = {
 }
 # Modules anyone may import: they import none of the packages above.
 LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
-          "model_architectures", "step", "module_process", "cpu_defaults", "class_path", "version", "model_limits",
+          "step", "module_process", "cpu_defaults", "class_path", "version", "model_limits",
           "checkpoint_files", "optional_dependencies")
 # Leaves inside a package: what the application process reads beside the code it describes (DESIGN.md: a registry
 # lives beside its code in a module that imports nothing heavy). Each is a unit of its own, and the package

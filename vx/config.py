@@ -20,8 +20,8 @@ from vx.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max
                              default_grammar_compile_workers)
 from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.checkpoint_files import check_checkpoint
-from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
 from vx.model_limits import check_model_config
+from vx.models.registry import parallel_architectures, unsupported_architecture
 from vx.hf_config import (HFConfig, ResolvedHFConfig, config_fields, hf_head_dim, hf_is_mla, hf_kv_cache_dims,
                           hf_num_kv_heads, resolve_hf_config)
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
@@ -401,9 +401,9 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if tp * pp == 1:
         return
-    if architecture not in PARALLEL_ARCHITECTURES:
+    if architecture not in parallel_architectures():
         raise ValueError(f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}: {architecture} cannot be split "
-                         f"over workers yet; these can: {', '.join(sorted(PARALLEL_ARCHITECTURES))}.")
+                         f"over workers yet; these can: {', '.join(parallel_architectures())}.")
     heads, kv_heads = int(hf_config.num_attention_heads), hf_num_kv_heads(hf_config)
     if heads % tp:
         raise ValueError(f"tensor_parallel_size={tp} must divide the model's {heads} attention heads.")

@@ -4,7 +4,8 @@ template), read from the file's metadata by transformers. No weights: config.jso
 (vx/models/gguf/weights.py).
 
 transformers' GGUF config mapping leaves out fields some families need; they are read from the metadata here as
-llama.cpp's converter writes them: Gemma 2's soft caps and query scale, Phi-3's partial rotary, LongRoPE factors
+llama.cpp's converter writes them, as each architecture's row in vx.models.registry says (data, or one of the
+functions below that the row names): Gemma 2's soft caps and query scale, Phi-3's partial rotary, LongRoPE factors
 (stored as tensors) and window, Qwen3-MoE's expert width, and Mixtral, which llama.cpp writes as arch "llama" with
 an expert count and transformers reads as a plain Llama. DeepSeek-V2 (`deepseek2`), which transformers does not map
 at all, has its whole config read by vx.models.gguf.deepseek2.
@@ -15,15 +16,15 @@ application's process never imports torch (transformers does).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from vx.checkpoint_files import checked_gguf_header
-from vx.models.gguf.deepseek2 import deepseek2_config
 from vx.models.gguf.header import TensorInfo, read_gguf_header
-from vx.models.gguf.weights import check_architecture
+from vx.models.registry import gguf_architecture
 
 
 def write_gguf_config(src: str, dst: str) -> None:
@@ -35,14 +36,14 @@ def write_gguf_config(src: str, dst: str) -> None:
     # module also runs on its own): the readers below materialize every metadata value and build per-layer lists.
     header, _, _ = checked_gguf_header(src)
     arch = header.architecture
-    check_architecture(arch)
+    quirks = gguf_architecture(arch)
     src = os.path.realpath(src)
     folder, name = os.path.split(src)
     os.makedirs(dst, exist_ok=True)
-    if arch == "deepseek2":
-        # transformers maps no deepseek2 config (nor, through it, AutoTokenizer): the config is read here and the
-        # tokenizer by the class that converts a GGUF vocabulary whatever the architecture.
-        config = deepseek2_config(src)
+    if quirks.whole_config is not None:
+        # transformers maps no config of this architecture (nor, through it, AutoTokenizer): the config is read by
+        # the row's function and the tokenizer by the class that converts a GGUF vocabulary whatever the architecture.
+        config = _function(quirks.whole_config)(src)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
     else:
         config = family_config(src, arch, AutoConfig.from_pretrained(folder, gguf_file=name))
@@ -75,65 +76,102 @@ def row_parallel_block(tensors: list[TensorInfo]) -> int:
     return max(blocks, default=1)
 
 
-# Layer counts of the 27B Gemma models, whose query scale llama.cpp takes from hidden / heads.
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+class GGUFFile(NamedTuple):
+    """What a quirk reads of a file: its path, architecture, metadata and tensors by name."""
+
+    path: str
+    arch: str
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        """The metadata value `<arch>.<key>`, or `default`."""
+        return self.metadata.get(f"{self.arch}.{key}", default)
 
 
 def family_config(path: str, arch: str, config: Any) -> Any:
     """`config` (transformers' reading of the file) with the family fields its mapping leaves out, read from the
-    file's metadata and tensors as llama.cpp's converter writes them."""
+    file's metadata and tensors as llama.cpp's converter writes them (the quirks of `arch`'s registry row)."""
+    quirks = gguf_architecture(arch)
     header = read_gguf_header(path, f"{arch}.")  # the header alone: the vocabulary is not parsed again
-    tensors = {t.name: t for t in header.tensors}
-
-    def meta(key: str, default: Any = None) -> Any:
-        return header.metadata.get(f"{arch}.{key}", default)
-
+    file = GGUFFile(path, arch, header.metadata, {t.name: t for t in header.tensors})
     cfg = config.to_dict()
-    if arch in _GEMMA_27B_LAYERS:
+    if quirks.wide_query_scale_layers is not None:
         # The file has no query scale (transformers' default is 256): llama.cpp scales by the head size, but by
-        # hidden / heads for the 27B models, as their checkpoints' query_pre_attn_scalar says (144 and 168).
+        # hidden / heads for the widest model, as its checkpoint's query_pre_attn_scalar says.
         layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
-        cfg["query_pre_attn_scalar"] = hidden // heads if layers == _GEMMA_27B_LAYERS[arch] else cfg["head_dim"]
-    if arch == "gemma2":
-        cfg["attn_logit_softcapping"] = meta("attn_logit_softcapping", cfg.get("attn_logit_softcapping"))
-        cfg["final_logit_softcapping"] = meta("final_logit_softcapping", cfg.get("final_logit_softcapping"))
-        cfg.pop("layer_types", None)  # re-derived for the file's layer count (llama.cpp: even layers slide)
-    elif arch == "phi3":
-        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-        rotary = meta("rope.dimension_count", head_dim)
-        original = meta("rope.scaling.original_context_length", cfg["max_position_embeddings"])
-        window = meta("attention.sliding_window", 0)
-        cfg["sliding_window"] = window or None  # llama.cpp's converter writes 0 for "none" (Phi-4)
-        cfg["original_max_position_embeddings"] = original
-        rope = {"rope_type": "default", "rope_theta": cfg.get("rope_theta") or
-                (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)}
-        long, short = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
-        if (long is None) != (short is None):
-            raise ValueError(f"{path!r} has one of LongRoPE's factor tensors (rope_factors_long / _short) only.")
-        if long is not None and short is not None:
-            rope.update(rope_type="longrope", long_factor=_floats(path, long), short_factor=_floats(path, short),
-                        original_max_position_embeddings=original)
-        if rotary != head_dim:
-            rope["partial_rotary_factor"] = cfg["partial_rotary_factor"] = rotary / head_dim
-        cfg["rope_parameters"] = rope
-        cfg.pop("rope_scaling", None)
-        cfg.pop("rope_theta", None)
-    elif arch == "qwen3moe":
-        # The experts' width; a file without the key still states it in its expert tensors' rows.
-        gate = tensors.get("blk.0.ffn_gate_exps.weight")
-        width = meta("expert_feed_forward_length", None if gate is None else int(gate.dims[1]))
-        if width is None:
-            raise ValueError(f"{path!r} states no expert width ({arch}.expert_feed_forward_length) and has no "
-                             "ffn_gate_exps tensor.")
-        cfg["moe_intermediate_size"] = int(width)
-        cfg["norm_topk_prob"] = bool(meta("expert_weights_norm", True))  # llama.cpp's qwen3moe renormalises
-        cfg["mlp_only_layers"], cfg["decoder_sparse_step"] = [], 1  # llama.cpp's qwen3moe: every layer sparse
-    elif arch == "llama" and meta("expert_count", 0):
-        return _mixtral_config(cfg, int(meta("expert_count")), int(meta("expert_used_count")))
-    elif arch not in _GEMMA_27B_LAYERS:
-        return config
+        wide = layers == quirks.wide_query_scale_layers
+        cfg["query_pre_attn_scalar"] = hidden // heads if wide else cfg["head_dim"]
+    for field, key in quirks.metadata_fields:
+        cfg[field] = file.meta(key, cfg.get(field))
+    for field in quirks.dropped_fields:
+        cfg.pop(field, None)  # re-derived for the file's shape (Gemma 2's layer_types: llama.cpp's even layers slide)
+    if quirks.wide_query_scale_layers is not None or quirks.metadata_fields or quirks.dropped_fields:
+        config = _rebuilt(config, cfg)
+    if quirks.config_fields is not None:
+        config = _function(quirks.config_fields)(config, file)
+    return config
+
+
+def _rebuilt(config: Any, cfg: dict[str, Any]) -> Any:
+    """A config of `config`'s class from the edited fields `cfg`."""
     cfg.pop("model_type", None)
     return type(config).from_dict(cfg)
+
+
+def _function(path: str) -> Callable[..., Any]:
+    """The function a registry row names as "module:function"."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def phi3_rope(config: Any, file: GGUFFile) -> Any:
+    """Phi-3's partial rotary, LongRoPE factors (stored as tensors) and window, which transformers' mapping leaves
+    out."""
+    cfg = config.to_dict()
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    rotary = file.meta("rope.dimension_count", head_dim)
+    original = file.meta("rope.scaling.original_context_length", cfg["max_position_embeddings"])
+    window = file.meta("attention.sliding_window", 0)
+    cfg["sliding_window"] = window or None  # llama.cpp's converter writes 0 for "none" (Phi-4)
+    cfg["original_max_position_embeddings"] = original
+    rope = {"rope_type": "default", "rope_theta": cfg.get("rope_theta") or
+            (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)}
+    long, short = file.tensors.get("rope_factors_long.weight"), file.tensors.get("rope_factors_short.weight")
+    if (long is None) != (short is None):
+        raise ValueError(f"{file.path!r} has one of LongRoPE's factor tensors (rope_factors_long / _short) only.")
+    if long is not None and short is not None:
+        rope.update(rope_type="longrope", long_factor=_floats(file.path, long),
+                    short_factor=_floats(file.path, short), original_max_position_embeddings=original)
+    if rotary != head_dim:
+        rope["partial_rotary_factor"] = cfg["partial_rotary_factor"] = rotary / head_dim
+    cfg["rope_parameters"] = rope
+    cfg.pop("rope_scaling", None)
+    cfg.pop("rope_theta", None)
+    return _rebuilt(config, cfg)
+
+
+def qwen3moe_experts(config: Any, file: GGUFFile) -> Any:
+    """Qwen3-MoE's expert width and routing as llama.cpp runs it, which transformers' mapping leaves out."""
+    cfg = config.to_dict()
+    # The experts' width; a file without the key still states it in its expert tensors' rows.
+    gate = file.tensors.get("blk.0.ffn_gate_exps.weight")
+    width = file.meta("expert_feed_forward_length", None if gate is None else int(gate.dims[1]))
+    if width is None:
+        raise ValueError(f"{file.path!r} states no expert width ({file.arch}.expert_feed_forward_length) and has no "
+                         "ffn_gate_exps tensor.")
+    cfg["moe_intermediate_size"] = int(width)
+    cfg["norm_topk_prob"] = bool(file.meta("expert_weights_norm", True))  # llama.cpp's qwen3moe renormalises
+    cfg["mlp_only_layers"], cfg["decoder_sparse_step"] = [], 1  # llama.cpp's qwen3moe: every layer sparse
+    return _rebuilt(config, cfg)
+
+
+def experts_as_mixtral(config: Any, file: GGUFFile) -> Any:
+    """A Llama-architecture file with an expert count is Mixtral (llama.cpp writes it so; transformers reads it as a
+    plain Llama); any other is the Llama config as read."""
+    if not file.meta("expert_count", 0):
+        return config
+    return _mixtral_config(config.to_dict(), int(file.meta("expert_count")), int(file.meta("expert_used_count")))
 
 
 def _floats(path: str, tensor: TensorInfo) -> list[float]:
