@@ -35,6 +35,8 @@ class GGUFArchitecture:
     config_fields: str | None = None
     """"module:function" `(config, file) -> config` for what is code rather than data (read from tensors, or a
     different config class); None: none."""
+    config_tensors: tuple[str, ...] = ()
+    """Tensors (GGUF base names) the config is read from, not weights: skipped as the weights load."""
     whole_config: str | None = None
     """"module:function" `(path) -> config` for an architecture transformers maps no config (nor tokenizer) of: the
     whole config is read from the metadata and the tokenizer by the architecture-free fast tokenizer."""
@@ -112,7 +114,8 @@ ARCHITECTURES: tuple[ModelArchitecture, ...] = (
         gguf=GGUFArchitecture("gemma3", wide_query_scale_layers=62, norms_plus_one=True)),
     ModelArchitecture(
         "Phi3ForCausalLM", "vx.models.phi3:Phi3ForCausalLM", "phi3",
-        gguf=GGUFArchitecture("phi3", config_fields=f"{_GGUF_CONFIG}:phi3_rope", fused_projections=True)),
+        gguf=GGUFArchitecture("phi3", config_fields=f"{_GGUF_CONFIG}:phi3_rope", fused_projections=True,
+                              config_tensors=("rope_factors_long", "rope_factors_short"))),
     ModelArchitecture(
         "DeepseekV2ForCausalLM", "vx.models.deepseek_v2:DeepseekV2ForCausalLM", "deepseek_v2",
         gguf=GGUFArchitecture("deepseek2", whole_config="vx.models.gguf.deepseek2:deepseek2_config",

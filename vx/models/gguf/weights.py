@@ -47,9 +47,6 @@ logger = logging.getLogger(__name__)
 
 _FUSED_MODULES = ("self_attn.qkv_proj", "mlp.gate_up_proj")
 
-# Tensors the config is read from (vx.models.gguf.config), not weights: Phi-3's LongRoPE factors.
-_CONFIG_TENSORS = ("rope_factors_long", "rope_factors_short")
-
 # A layer's stacked experts ([E, rows, features] per projection) and their HF projection names.
 _EXPERT_MODULES = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
 # One expert's projection as early converters wrote them: blk.N.ffn_gate.E.
@@ -126,7 +123,7 @@ class GGUFWeights:
         for info in header.tensors:
             base, _, suffix = info.name.rpartition(".")
             module = names.get(base)
-            if base in _CONFIG_TENSORS:
+            if base in self.quirks.config_tensors:  # read into the config (vx.models.gguf.config), not weights
                 continue
             single = _SINGLE_EXPERT.match(base)
             if single is not None:
