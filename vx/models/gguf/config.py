@@ -98,7 +98,7 @@ def family_config(path: str, arch: str, config: Any) -> Any:
     cfg = config.to_dict()
     if quirks.wide_query_scale_layers is not None:
         # The file has no query scale (transformers' default is 256): llama.cpp scales by the head size, but by
-        # hidden / heads for the widest model, as its checkpoint's query_pre_attn_scalar says.
+        # hidden / heads for the model of the row's layer count (Gemma's 27B), as its query_pre_attn_scalar says.
         layers, hidden, heads = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
         wide = layers == quirks.wide_query_scale_layers
         cfg["query_pre_attn_scalar"] = hidden // heads if wide else cfg["head_dim"]
