@@ -9,7 +9,7 @@ that cannot be split so is a `ValueError` naming the layer and the sizes.
 
 Pure arithmetic on the config (no torch): it runs in the application's process. A GGUF file's block along the
 rows of its row-parallel tensors (32 for Q4_0..Q8_0, 256 for the K-quants) is written into its config directory's
-`quantization_config` as `row_parallel_block` (vx.models.gguf); a config directory written before that holds it is
+`quantization_config` as `row_parallel_block` (vx.models.gguf.config); a config directory written before that holds it is
 checked against GGUF's smallest block (32), and a K-quant tensor a rank would cut mid-block is then refused by the
 layer as it loads, by name.
 """

@@ -18,9 +18,9 @@ import pytest
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids
 
 import vx
-from vx.model_architectures import MODEL_CLASSES
+from vx.models.registry import supported_architectures
 
-SUPPORTED = tuple(sorted(MODEL_CLASSES))
+SUPPORTED = tuple(supported_architectures())
 
 
 def broken_copy(tiny_model_dir: str, tmp_path, damage: str) -> str:

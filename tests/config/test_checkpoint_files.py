@@ -88,7 +88,7 @@ def test_a_gguf_file_claiming_what_it_does_not_hold_is_refused_naming_the_key(tm
 
 
 def test_the_config_writing_child_checks_ranges_only(tmp_path):
-    """`python -m vx.models.gguf` runs on its own too: it refuses what would make its readers build huge lists,
+    """`python -m vx.models.gguf.config` runs on its own too: it refuses what would make its readers build huge lists,
     and leaves the tensors to the front end's check (its tests write files of metadata only)."""
     header, fields, names = checked_gguf_header(write_small_gguf(tmp_path / "few.gguf", layers_stated=200))
     assert fields["num_hidden_layers"] == 200 and names["num_hidden_layers"] == "llama.block_count"

@@ -133,7 +133,7 @@ def test_the_default_model_is_not_expanded_to_float(default_model_dir):
     from vx.gpu.model_runner import ModelRunner
     from vx.models.layers.linear import LinearBase
     from vx.models.layers.quantization.gguf import GGUFEmbeddingMethod, GGUFLinearMethod
-    from vx.gguf_header import read_gguf_header
+    from vx.models.gguf.header import read_gguf_header
     from vx.models.layers.quantization.gguf_blocks import unpack
     from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise
     from vx.config.model_source import default_model_file

@@ -11,7 +11,7 @@ import torch
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids
 
 import vx
-from vx.models.gguf import write_gguf_config
+from vx.models.gguf.config import write_gguf_config
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def gguf_config_dir(tiny_gguf, tmp_path_factory):
     """`gguf_config_dir(types)`: the config directory of a tiny Llama GGUF file (weights read from the file)."""
-    from vx.models.gguf import write_gguf_config
+    from vx.models.gguf.config import write_gguf_config
 
     def make(types: str) -> str:
         tiny = tiny_gguf(types)

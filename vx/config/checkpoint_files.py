@@ -4,7 +4,7 @@ files are large enough for the weights the config implies.
 
 A config can claim a model its files do not hold (10**9 layers of a 30-layer checkpoint, MLPs a million wide); the
 model would be allocated as claimed before the first tensor failed to fit. Only the files' headers are read
-(safetensors' JSON header, a GGUF file's header within `vx.gguf_header`'s limits), so the checks cost milliseconds;
+(safetensors' JSON header, a GGUF file's header within `vx.models.gguf.header`'s limits), so the checks cost milliseconds;
 torch-free, so the front end runs them before an engine starts.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from vx.config.model_limits import check_model_config, min_weight_count
 
 if TYPE_CHECKING:
-    from vx.gguf_header import GGUFHeader
+    from vx.models.gguf.header import GGUFHeader
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SAFETENSORS_HEADER_LIMIT = 100 * 2**20  # safetensors' own limit on its JSON header
@@ -122,10 +122,10 @@ def gguf_config_fields(header: GGUFHeader) -> tuple[dict[str, Any], dict[str, st
 
 
 def checked_gguf_header(path: str) -> tuple[GGUFHeader, dict[str, Any], dict[str, str]]:
-    """A GGUF file's header, read within `vx.gguf_header`'s limits with every scalar and string value kept, and the
-    config fields its keys state (with their keys), checked against vx.config.model_limits' ranges: what makes it safe
-    for the gguf package and transformers to parse. `ValueError` naming the key."""
-    from vx.gguf_header import read_gguf_header  # the gguf package (numpy): only where a GGUF file is read
+    """A GGUF file's header, read within `vx.models.gguf.header`'s limits with every scalar and string value kept, and
+    the config fields its keys state (with their keys), checked against vx.config.model_limits' ranges: what makes it
+    safe for the gguf package and transformers to parse. `ValueError` naming the key."""
+    from vx.models.gguf.header import read_gguf_header  # the gguf package (numpy): only where a GGUF file is read
 
     header = read_gguf_header(path, "")
     fields, names = gguf_config_fields(header)

@@ -18,7 +18,7 @@ from vx.config.model_source import resolve_model, resolve_tokenizer
 from vx.config.vx_config import (DEFAULT_MAX_N_SEQUENCES, SCHEDULING_POLICIES, CacheConfig, DeviceConfig,
                                  ModelConfig, ParallelConfig, QuantConfig, SchedulerConfig, StructuredOutputsConfig,
                                  VxConfig)
-from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
+from vx.models.registry import parallel_architectures, unsupported_architecture
 from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
 from vx.quantization_split import check_quantized_split
 
@@ -266,9 +266,9 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if tp * pp == 1:
         return
-    if architecture not in PARALLEL_ARCHITECTURES:
+    if architecture not in parallel_architectures():
         raise ValueError(f"tensor_parallel_size={tp} x pipeline_parallel_size={pp}: {architecture} cannot be split "
-                         f"over workers yet; these can: {', '.join(sorted(PARALLEL_ARCHITECTURES))}.")
+                         f"over workers yet; these can: {', '.join(parallel_architectures())}.")
     heads, kv_heads = int(hf_config.num_attention_heads), hf_num_kv_heads(hf_config)
     if heads % tp:
         raise ValueError(f"tensor_parallel_size={tp} must divide the model's {heads} attention heads.")

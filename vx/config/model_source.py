@@ -124,7 +124,7 @@ def ensure_gguf_config(gguf_path: str) -> str:
         # The header within its limits, the shape it states within range and against its tensors: a hostile file
         # fails here, before the child's readers materialize its metadata.
         check_gguf_file(gguf_path)
-        proc = subprocess.run([sys.executable, "-m", "vx.models.gguf", os.path.realpath(gguf_path), tmp],
+        proc = subprocess.run([sys.executable, "-m", "vx.models.gguf.config", os.path.realpath(gguf_path), tmp],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)

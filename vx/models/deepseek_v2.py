@@ -11,7 +11,7 @@ MLP: dense (SwiGLU) on the first `first_k_dense_replace` layers and off the `moe
 experts (`vx.models.layers.grouped_topk` routing through `FusedMoE`) plus `n_shared_experts` shared ones, a dense MLP
 every token runs, added.
 
-From a GGUF file (vx/models/gguf_deepseek2.py, vx/models/gguf_weights.py) the projections, dense and shared-expert
+From a GGUF file (vx/models/gguf/deepseek2.py, vx/models/gguf/weights.py) the projections, dense and shared-expert
 MLPs, embedding and head run quantized through the GGUF method; kv_b_proj stays a float weight (the MLA backend reads
 it per head, `MLAAttention.up_projection`, for the absorbed decode), and the router and routed experts are float as
 for Hugging Face checkpoints: the loader dequantizes them.

@@ -24,6 +24,7 @@ from vx.models.layers.norm import GemmaRMSNorm
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope
 from vx.models.layers.vocab_embedding import VocabParallelEmbedding
+from vx.models.registry import architecture_of
 
 _GELU_APPROXIMATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
@@ -64,7 +65,8 @@ class GemmaAttention(nn.Module):
                  quant_config: QuantizationConfig | None, prefix: str) -> None:
         super().__init__()
         self.head_dim = hf_head_dim(config)
-        self.use_qk_norm = config.model_type.startswith("gemma3")
+        row = architecture_of(config)
+        self.use_qk_norm = row is not None and row.qk_norm
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, config.num_attention_heads,
                                           hf_num_kv_heads(config), bias=bias, quant_config=quant_config,

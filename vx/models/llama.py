@@ -23,6 +23,7 @@ from vx.models.layers.norm import RMSNorm
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope
 from vx.models.layers.vocab_embedding import VocabParallelEmbedding
+from vx.models.registry import architecture_of
 
 if TYPE_CHECKING:
     from vx.distributed import GroupCoordinator
@@ -65,13 +66,13 @@ class LlamaAttention(nn.Module):
                  quant_config: QuantizationConfig | None = None, prefix: str = "",
                  tp_group: GroupCoordinator | None = None) -> None:
         super().__init__()
-        model_type = getattr(config, "model_type", "llama")
+        row = architecture_of(config)  # the architecture's quirks (none for a config type vx has no row for)
         self.head_dim = hf_head_dim(config)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = hf_num_kv_heads(config)
         attention_bias = bool(getattr(config, "attention_bias", False))
-        qkv_bias = True if model_type == "qwen2" else attention_bias
-        o_bias = False if model_type == "qwen2" else attention_bias
+        qkv_bias = row.qkv_bias if row is not None and row.qkv_bias is not None else attention_bias
+        o_bias = row.o_bias if row is not None and row.o_bias is not None else attention_bias
         self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
                                           bias=qkv_bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
                                           tp_group=tp_group)
@@ -79,7 +80,7 @@ class LlamaAttention(nn.Module):
                                         quant_config=quant_config, prefix=f"{prefix}.o_proj", tp_group=tp_group)
         self.q_size = self.qkv_proj.q_size
         self.kv_size = self.qkv_proj.kv_size
-        self.use_qk_norm = model_type in ("qwen3", "qwen3_moe")
+        self.use_qk_norm = row is not None and row.qk_norm
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)

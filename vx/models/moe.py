@@ -5,7 +5,7 @@ expert) feeding `FusedMoE`. Qwen3-MoE renormalises the top-k weights when `norm_
 dense MLPs on its `mlp_only_layers` and off its `decoder_sparse_step`; Mixtral always renormalises and calls its
 MLP `block_sparse_moe`, its experts' projections w1 (gate), w3 (up) and w2 (down). Checkpoints name each expert's
 weights one by one; they are stacked per layer as they load. From a GGUF file the attention, dense MLPs, router and
-embeddings stay quantized under the GGUF method while the experts arrive dequantized (vx/models/gguf_weights.py):
+embeddings stay quantized under the GGUF method while the experts arrive dequantized (vx/models/gguf/weights.py):
 `FusedMoE` holds float stacks only.
 """
 

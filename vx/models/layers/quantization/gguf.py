@@ -78,7 +78,7 @@ class GGUFConfig(QuantizationConfig):
         return GGUFEmbeddingMethod(prefix)
 
     def weights(self, model_path: str, hf_config: Any) -> Iterable[tuple[str, torch.Tensor]]:
-        from vx.models.gguf_weights import GGUFWeights
+        from vx.models.gguf.weights import GGUFWeights
 
         return GGUFWeights(self.gguf_file, hf_config, self.dtype)
 

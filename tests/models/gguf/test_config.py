@@ -1,4 +1,4 @@
-"""A GGUF file's config directory (vx.models.gguf): the family fields transformers' GGUF mapping leaves out are read
+"""A GGUF file's config directory (vx.models.gguf.config): the family fields transformers' GGUF mapping leaves out are read
 from the file as llama.cpp writes them, so the config equals its Hugging Face twin's (DeepSeek-V2's, which
 transformers does not map, wholly from its metadata); files vx cannot serve are refused by architecture."""
 
@@ -11,7 +11,7 @@ from gguf import ExpertGatingFuncType, GGUFWriter
 from transformers import AutoConfig
 
 from vx.config import hf_head_dim
-from vx.models.gguf import family_config, write_gguf_config
+from vx.models.gguf.config import family_config, write_gguf_config
 
 # The fields each family's model reads beyond Llama's, checked against the float twin's config.
 FAMILY_FIELDS = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vx.gguf_header import read_gguf_header
+from vx.models.gguf.header import read_gguf_header
 
 _SIGMOID_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from safetensors.torch import load_file
 
-from vx.models.gguf_weights import GGUFWeights, gguf_to_hf_names
+from vx.models.gguf.weights import GGUFWeights, gguf_to_hf_names
 from vx.models.layers.quantization.gguf_blocks import dequantize
 
 T = GGMLQuantizationType
@@ -114,7 +114,7 @@ def test_quantized_experts_arrive_dequantized_expert_by_expert_and_the_rest_stay
     tiny = tiny_gguf("Q8_0", family=family)
     config = _moe_config(family)
     reference = load_file(f"{tiny.float_dir}/model.safetensors")
-    with caplog.at_level(logging.INFO, logger="vx.models.gguf_weights"):
+    with caplog.at_level(logging.INFO, logger="vx.models.gguf.weights"):
         weights = GGUFWeights(tiny.gguf_path, config, torch.bfloat16)
     got = dict(weights)
     weights.close()
@@ -234,7 +234,7 @@ def test_deepseek_v2_loads_quantized_but_its_mla_up_projection_and_router_in_flo
     tiny = tiny_gguf("Q8_0", family=family, kv_b_form=kv_b_form)
     config = make_tiny_config(family, q_lora_rank=32)
     reference = load_file(f"{tiny.float_dir}/model.safetensors")
-    with caplog.at_level(logging.INFO, logger="vx.models.gguf_weights"):
+    with caplog.at_level(logging.INFO, logger="vx.models.gguf.weights"):
         weights = GGUFWeights(tiny.gguf_path, config)
     got = dict(weights)
     weights.close()

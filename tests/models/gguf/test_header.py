@@ -12,7 +12,7 @@ import pytest
 from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
 from tests.support.hostile_models import write_string_bomb
 
-from vx.gguf_header import GGUFLimits, read_gguf_header
+from vx.models.gguf.header import GGUFLimits, read_gguf_header
 
 TOKENS = 400  # the tiny tokenizer's vocabulary (tests.support.tiny_tokenizer)
 

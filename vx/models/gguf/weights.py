@@ -1,6 +1,6 @@
 """A GGUF file's tensors under the Hugging Face names vx's models load, straight from the file.
 
-Each tensor is memory-mapped where the file's header (vx/models/gguf_header.py) says it lies and handed out as a
+Each tensor is memory-mapped where the file's header (vx/models/gguf/header.py) says it lies and handed out as a
 view: nothing is copied or dequantized here. A weight (2-D) arrives as its raw rows of bytes, `<module>.qweight`,
 after its ggml type, `<module>.qweight_type`, for the layer's GGUF method to repack; a norm or bias (1-D, always
 float in GGUF) arrives as a float tensor under its own name. The names come from the gguf package's map (HF module
@@ -39,40 +39,18 @@ import numpy as np
 import torch
 
 from vx.config import hf_num_kv_heads
-from vx.gguf_header import TensorInfo, read_gguf_header
+from vx.models.gguf.header import TensorInfo, read_gguf_header
 from vx.models.layers.quantization.gguf_blocks import FLOAT_TYPES, SUPPORTED_TYPES, row_bytes, type_name
+from vx.models.registry import GGUFArchitecture, gguf_architecture
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "deepseek2")
-"""GGUF `general.architecture`s vx loads (llama.cpp writes Mistral and Mixtral models as "llama")."""
-
-
-def check_architecture(arch: str) -> None:
-    """`ValueError` naming the architecture (and the supported ones) unless vx loads its GGUF files."""
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}.")
-
-
-# llama.cpp's converter stores these architectures' norm weights as 1 + the checkpoint's (Gemma keeps offsets
-# from 1): the offset comes off as they load.
-_NORMS_PLUS_ONE = ("gemma2", "gemma3")
-
-# Architectures whose files keep q|k|v and gate|up fused (one tensor each), as their checkpoints do.
-_FUSED_ARCHITECTURES = ("phi3",)
 _FUSED_MODULES = ("self_attn.qkv_proj", "mlp.gate_up_proj")
-
-# Tensors the config is read from (vx.models.gguf), not weights: Phi-3's LongRoPE factors.
-_CONFIG_TENSORS = ("rope_factors_long", "rope_factors_short")
 
 # A layer's stacked experts ([E, rows, features] per projection) and their HF projection names.
 _EXPERT_MODULES = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
 # One expert's projection as early converters wrote them: blk.N.ffn_gate.E.
 _SINGLE_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)$")
-
-# llama.cpp's converter permutes q/k rows for these architectures (its LlamaModel); Qwen files keep HF's order.
-_PERMUTED_ARCHITECTURES = ("llama",)
 
 # The Hugging Face modules of a Llama-family checkpoint, as the safetensors path names them.
 _MODEL_MODULES = ("model.embed_tokens", "model.norm", "lm_head")
@@ -82,15 +60,6 @@ _LAYER_MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "s
                   "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                   "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                   "post_feedforward_layernorm", "mlp.gate", *_EXPERT_MODULES)
-# DeepSeek-V2's own: MLA's projections and norms (k_b_proj / v_b_proj: newer converters' split of kv_b_proj) and the
-# shared experts.
-_DEEPSEEK2_MODULES = ("self_attn.q_a_proj", "self_attn.q_a_layernorm", "self_attn.q_b_proj",
-                      "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm", "self_attn.kv_b_proj",
-                      "self_attn.k_b_proj", "self_attn.v_b_proj", "mlp.shared_experts.gate_proj",
-                      "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj")
-# Weights an architecture's model runs in float, dequantized as they load (DeepSeek-V2's kv_b_proj, read per head by
-# the MLA backend, in either form, and its float32 router).
-_FLOAT_MODULES = {"deepseek2": (".self_attn.kv_b_proj", ".self_attn.k_b_proj", ".self_attn.v_b_proj", ".mlp.gate")}
 _SPLIT_KV_B = (".self_attn.k_b_proj", ".self_attn.v_b_proj")
 
 
@@ -102,9 +71,8 @@ def gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
     if arch is None:
         raise ValueError(f"The gguf package does not know the architecture {architecture!r}.")
     name_map = gguf.get_tensor_name_map(arch, num_layers)
-    layer_modules = (*_LAYER_MODULES, *_FUSED_MODULES) if architecture in _FUSED_ARCHITECTURES else _LAYER_MODULES
-    if architecture == "deepseek2":
-        layer_modules = (*layer_modules, *_DEEPSEEK2_MODULES)
+    quirks = gguf_architecture(architecture)
+    layer_modules = (*_LAYER_MODULES, *(_FUSED_MODULES if quirks.fused_projections else ()), *quirks.extra_modules)
     modules = [*_MODEL_MODULES, *(f"model.layers.{i}.{m}" for i in range(num_layers) for m in layer_modules)]
     names: dict[str, str] = {}
     for module in modules:
@@ -144,18 +112,18 @@ class GGUFWeights:
             raise ValueError(f"GGUF file {path!r} does not exist (the model's config.json points at it).")
         header = read_gguf_header(path)
         self.architecture = header.architecture
-        check_architecture(self.architecture)
+        self.quirks: GGUFArchitecture = gguf_architecture(self.architecture)
         self.path = path
         self.num_heads = int(hf_config.num_attention_heads)
         self.num_kv_heads = hf_num_kv_heads(hf_config)
-        self.fused_sizes = _fused_sizes(hf_config) if self.architecture in _FUSED_ARCHITECTURES else {}
+        self.fused_sizes = _fused_sizes(hf_config) if self.quirks.fused_projections else {}
         names = gguf_to_hf_names(self.architecture, int(hf_config.num_hidden_layers))
         self.entries: list[_Entry] = []
         unknown = []
         for info in header.tensors:
             base, _, suffix = info.name.rpartition(".")
             module = names.get(base)
-            if base in _CONFIG_TENSORS:
+            if base in self.quirks.config_tensors:  # read into the config (vx.models.gguf.config), not weights
                 continue
             single = _SINGLE_EXPERT.match(base)
             if single is not None:
@@ -177,7 +145,7 @@ class GGUFWeights:
 
     def _is_float(self, module: str) -> bool:
         """Whether the model runs this (non-expert) module's weight in float: dequantized as it loads."""
-        return module.endswith(_FLOAT_MODULES.get(self.architecture, ()))
+        return module.endswith(self.quirks.float_modules)
 
     def _one_kv_b_form(self, entries: list[_Entry]) -> list[_Entry]:
         """Each layer's kv_b_proj from attn_kv_b where the file has it, else from its attn_k_b and attn_v_b
@@ -255,7 +223,7 @@ class GGUFWeights:
             data, mapping = self._map(entry)
             if entry.module in _KEPT_TABLES:
                 self._kept_mappings.append(mapping)
-            if self.architecture in _PERMUTED_ARCHITECTURES and entry.module.endswith((".q_proj", ".k_proj")):
+            if self.quirks.permuted_qk and entry.module.endswith((".q_proj", ".k_proj")):
                 # Weights and biases alike: the permutation is of the output features.
                 heads = self.num_heads if entry.module.endswith(".q_proj") else self.num_kv_heads
                 rows = entry.shape[0] if len(entry.shape) == 2 else entry.shape[0] // _element_size(entry.ggml_type)
@@ -270,7 +238,7 @@ class GGUFWeights:
                 yield from self._unfused(entry, data)
             elif len(entry.shape) == 1:  # a norm or a bias: float, under its own name
                 tensor = torch.from_numpy(data).view(FLOAT_TYPES[entry.ggml_type])
-                if self.architecture in _NORMS_PLUS_ONE and entry.module.endswith("norm"):
+                if self.quirks.norms_plus_one and entry.module.endswith("norm"):
                     tensor = tensor.float() - 1.0
                 yield f"{entry.module}.{entry.suffix}", tensor
             else:
