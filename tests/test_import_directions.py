@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1] / "vx"
 FORBIDDEN = {
     "client": {"gpu", "models", "executor", "serve", "torch"},
     "cache": {"core", "gpu", "models", "client", "executor"},
-    "gpu": {"core", "client", "executor"},
+    "gpu": {"core", "client", "executor", "cache"},
     "models": {"gpu", "core", "client", "executor"},
-    "executor": {"client", "core"},
+    "executor": {"client", "core", "cache"},
     # vx's C kernels and their build machinery: used by both models and gpu, so they import neither.
     "kernels": {"core", "gpu", "models", "client", "executor"},
     # process groups and collectives: the workers and the models' layers use them, so they import neither.
@@ -24,7 +24,7 @@ FORBIDDEN = {
 # Modules anyone may import: they import none of the packages above.
 LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
           "model_architectures", "step", "module_process", "cpu_defaults", "class_path", "version", "model_limits",
-          "checkpoint_files", "gguf_header", "optional_dependencies")
+          "checkpoint_files", "gguf_header", "optional_dependencies", "kv_spec")
 
 
 def _unit(module: str) -> str:
