@@ -13,9 +13,9 @@ ROOT = Path(__file__).resolve().parents[1] / "vx"
 FORBIDDEN = {
     "client": {"gpu", "models", "executor", "serve", "torch"},
     "cache": {"core", "gpu", "models", "client", "executor"},
-    "gpu": {"core", "client", "executor"},
+    "gpu": {"core", "client", "executor", "cache"},
     "models": {"gpu", "core", "client", "executor"},
-    "executor": {"client", "core"},
+    "executor": {"client", "core", "cache"},
     # vx's C kernels and their build machinery: used by both models and gpu, so they import neither.
     "kernels": {"core", "gpu", "models", "client", "executor"},
     # process groups and collectives: the workers and the models' layers use them, so they import neither.
@@ -23,7 +23,7 @@ FORBIDDEN = {
 }
 # Modules anyone may import: they import none of the packages above.
 LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
-          "step", "module_process", "class_path", "version", "optional_dependencies")
+          "step", "module_process", "class_path", "version", "optional_dependencies", "kv_spec")
 # Leaves inside a package: what the application process reads beside the code it describes (DESIGN.md: a registry
 # lives beside its code in a module that imports nothing heavy). Each is a unit of its own, and the package
 # `__init__` files on its way count only for what they themselves import.

@@ -16,8 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from tests.support.cache_requests import Req
 
 from vx.cache.block_hash import update_block_hashes
-from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.cache.kv_cache_coordinator import HybridKVCacheCoordinator
+from vx.kv_spec import KVCacheGroupSpec
 
 BS = 4
 

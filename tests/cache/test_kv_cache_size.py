@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vx.cache.kv_cache_size import CPU_SEQUENCE_TOKENS, KVCacheSize, cpu_kv_cap_bytes, size_kv_cache
+from vx.cache.kv_cache_size import CPU_SEQUENCE_TOKENS, cpu_kv_cap_bytes, size_kv_cache
+from vx.kv_spec import KVCacheSize
 
 GiB = 2**30
 BS = 16

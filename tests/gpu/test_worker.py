@@ -1,10 +1,7 @@
-"""Worker: device set-up, KV cache sizing from the config, and the step it runs through its ModelRunner."""
+"""Worker: device set-up, its KV cache report, and the step it runs through its ModelRunner."""
 
 from __future__ import annotations
 
-import re
-
-import pytest
 import torch
 
 from vx.config import EngineArgs
@@ -23,42 +20,14 @@ def make_worker(tiny_model_dir, **engine_args) -> Worker:
     return worker
 
 
-def test_num_kv_blocks_is_taken_as_given(tiny_model_dir):
-    size = make_worker(tiny_model_dir, num_kv_blocks=40).determine_kv_cache_size()
-    assert size.num_blocks == 40 and size.source == "num_kv_blocks"
-
-
-def test_a_memory_budget_gives_as_many_blocks_as_can_be_used(tiny_model_dir):
+def test_the_worker_reports_its_layers_block_bytes_and_memory(tiny_model_dir):
+    """The worker measures and reports; the engine core sizes the cache from the report (tests/core)."""
     worker = make_worker(tiny_model_dir)
-    per_block = worker.model_runner.kv_cache_bytes_per_block()
-    useful = 2 * (64 // BS) + 1  # max_num_seqs sequences of max_model_len, and the padding block
-    worker.config.cache_config.kv_cache_memory_bytes = per_block * 1000
-    assert worker.determine_kv_cache_size().num_blocks == useful
-    worker.config.cache_config.kv_cache_memory_bytes = per_block * 20 + per_block // 2
-    size = worker.determine_kv_cache_size()
-    assert size.num_blocks == 20 and size.source == "kv_cache_memory_bytes" and size.bytes_per_block == per_block
-
-
-def test_a_budget_below_one_sequence_is_refused(tiny_model_dir):
-    worker = make_worker(tiny_model_dir)
-    worker.config.cache_config.kv_cache_memory_bytes = worker.model_runner.kv_cache_bytes_per_block() * 10
-    with pytest.raises(ValueError, match=re.escape("holds 10 blocks, fewer than one sequence of max_model_len=64 "
-                                                   "needs (17)")):
-        worker.determine_kv_cache_size()
-
-
-def test_the_cpu_default_comes_from_need(tiny_model_dir):
-    """max_num_seqs sequences of min(max_model_len, 512) tokens, at least one max_model_len sequence."""
-    size = make_worker(tiny_model_dir).determine_kv_cache_size()
-    assert size.source == "need" and size.num_blocks == 2 * (64 // BS) + 1
-    size = make_worker(tiny_model_dir, max_num_seqs=8, max_model_len=1024).determine_kv_cache_size()
-    assert size.source == "need" and size.num_blocks == 8 * (512 // BS) + 1
-
-
-def test_the_cpu_default_budget_is_bounded(tiny_model_dir):
-    worker = make_worker(tiny_model_dir, max_num_seqs=256, max_model_len=1024)
-    size = worker.determine_kv_cache_size()
-    assert 0 < size.num_bytes <= 4 * 1024**3
+    report = worker.kv_cache_report()
+    assert report.device == "cpu" and report.rank == 0 and report.pipeline_stage == 0
+    assert report.bytes_per_block == worker.model_runner.kv_cache_bytes_per_block()
+    assert list(report.layer_windows) == worker.model_runner.layer_windows()
+    assert 0 < report.memory_free_bytes <= report.memory_total_bytes
 
 
 def test_the_worker_runs_torch_on_the_configured_cpu_threads(tiny_model_dir):

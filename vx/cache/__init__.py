@@ -6,12 +6,12 @@ ids each request uses.
 
 from vx.cache.block_hash import BlockHash, hash_block_tokens, update_block_hashes
 from vx.cache.block_pool import BlockPool
-from vx.cache.block_table_group import BlockTableGroup, KVCacheGroupSpec
+from vx.cache.block_table_group import BlockTableGroup
 from vx.cache.free_block_queue import FreeBlockQueue, FreeKVCacheBlockQueue
 from vx.cache.kv_cache_block import KVCacheBlock
 from vx.cache.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheCoordinator, UnitaryKVCacheCoordinator
 from vx.cache.kv_cache_manager import CacheRequest, KVCacheManager, KVCacheStats
-from vx.cache.kv_cache_size import KVCacheSize, size_kv_cache
+from vx.cache.kv_cache_size import size_kv_cache
 
 __all__ = [
     "BlockHash",
@@ -23,9 +23,7 @@ __all__ = [
     "HybridKVCacheCoordinator",
     "KVCacheBlock",
     "KVCacheCoordinator",
-    "KVCacheGroupSpec",
     "KVCacheManager",
-    "KVCacheSize",
     "KVCacheStats",
     "UnitaryKVCacheCoordinator",
     "hash_block_tokens",

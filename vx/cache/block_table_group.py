@@ -16,18 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
-
 from vx.cache.block_hash import BlockHash
 from vx.cache.block_pool import BlockPool
 from vx.cache.kv_cache_block import KVCacheBlock
-
-
-class KVCacheGroupSpec(msgspec.Struct, frozen=True):
-    """One group of layers: the blocks of their pool and their attention kind (crosses to the engine whole)."""
-
-    num_blocks: int
-    sliding_window: int | None = None  # None: full attention
+from vx.kv_spec import KVCacheGroupSpec
 
 
 class BlockTableGroup:

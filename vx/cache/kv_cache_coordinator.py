@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 from vx.cache.block_hash import BlockHash
 from vx.cache.block_pool import BlockPool
-from vx.cache.block_table_group import BlockTableGroup, KVCacheGroupSpec
+from vx.cache.block_table_group import BlockTableGroup
 from vx.cache.kv_cache_block import KVCacheBlock
+from vx.kv_spec import KVCacheGroupSpec
 
 
 class KVCacheCoordinator(ABC):

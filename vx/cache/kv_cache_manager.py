@@ -8,8 +8,8 @@ from typing import Any, Protocol
 
 from vx.cache.block_hash import BlockHash, update_block_hashes
 from vx.cache.kv_cache_block import KVCacheBlock
-from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.cache.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheCoordinator, UnitaryKVCacheCoordinator
+from vx.kv_spec import KVCacheGroupSpec
 
 
 class CacheRequest(Protocol):

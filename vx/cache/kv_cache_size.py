@@ -1,17 +1,16 @@
 """How many KV-cache blocks an engine allocates, and why: the sizing rule, apart from the device that measures.
 
-The worker knows what a block costs and how much memory the device offers; this module turns those facts and the
-user's arguments into a number of blocks with a reason the start-up log prints. It imports no torch, so the rule is
-tested on plain numbers.
+Each worker reports what a block costs and how much memory its device offers (`vx.kv_spec.KVCacheReport`); the
+engine core (`vx.core.kv_cache_sizing`) turns those facts and the user's arguments into a number of blocks with a
+reason the start-up log prints, through the rules here. It imports no torch, so the rules are tested on plain
+numbers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
-
-from vx.cache.block_table_group import KVCacheGroupSpec
+from vx.kv_spec import KVCacheGroupSpec, KVCacheSize
 
 CPU_SEQUENCE_TOKENS = 512
 """Tokens the CPU default reserves for each of `max_num_seqs` sequences (see `size_kv_cache`).
@@ -34,45 +33,6 @@ CPU_MAX_RAM_FRACTION = 0.25
 def cpu_kv_cap_bytes(available_ram_bytes: int) -> int:
     """The most the CPU default may take: min(4 GiB, a quarter of the RAM available now)."""
     return min(CPU_MAX_KV_BYTES, int(available_ram_bytes * CPU_MAX_RAM_FRACTION))
-
-
-class KVCacheSize(msgspec.Struct, frozen=True, kw_only=True):
-    """The KV cache an engine allocates: `num_blocks` blocks (the null block included) of `block_size` tokens.
-
-    `source` names what decided the size: "num_kv_blocks" or "kv_cache_memory_bytes" (the user's), "need" (the CPU
-    default: what `max_num_seqs` sequences need), "cap" (the CPU default, cut to its memory cap) or
-    "gpu_memory_utilization" (CUDA's default); `reason` says it in words for the start-up log.
-    """
-
-    num_blocks: int
-    block_size: int
-    bytes_per_block: int
-    source: str
-    reason: str
-    # One per attention kind when the model has sliding-window layers (`kv_cache_groups`); empty: one group of
-    # `num_blocks` blocks, full attention, in every layer.
-    groups: tuple[KVCacheGroupSpec, ...] = ()
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens the usable blocks hold (block 0 is the reserved null block)."""
-        return (self.num_blocks - 1) * self.block_size
-
-    @property
-    def num_bytes(self) -> int:
-        """Bytes of every block's K and V over all layers, the null block included."""
-        return self.num_blocks * self.bytes_per_block
-
-    def describe(self) -> str:
-        """One line for the start-up log: size, blocks, tokens, and why that size."""
-        line = (f"KV cache {self.num_bytes / 2**20:,.1f} MiB: {self.num_blocks:,} KV blocks of {self.block_size} "
-                f"tokens ({self.num_tokens:,} tokens), {self.reason}")
-        if self.groups:
-            kinds = ["full-attention" if g.sliding_window is None else f"window-{g.sliding_window}"
-                     for g in self.groups]
-            line += "; as " + ", ".join(f"{g.num_blocks:,} blocks for the {kind} layers"
-                                        for g, kind in zip(self.groups, kinds))
-        return line
 
 
 def kv_cache_groups(layer_windows: Sequence[int | None], num_blocks: int, block_size: int, max_num_seqs: int,

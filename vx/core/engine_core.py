@@ -30,6 +30,7 @@ from vx.core.protocol import (
     encode_output,
 )
 from vx.core.heap_freezer import HeapFreezer
+from vx.core.kv_cache_sizing import decide_kv_cache_size
 from vx.core.request import Request, RequestStatus
 from vx.core.scheduler import Scheduler
 from vx.module_process import describe_exception
@@ -51,9 +52,10 @@ class EngineCore:
         self.config = config
         self.executor = (executor_class or registered_executor_class(config))(config)
         try:
-            kv_size = self.executor.determine_kv_cache_size()
+            # Every worker reports; the size is decided here, once, for all ranks, and sent down in one call.
+            kv_size = decide_kv_cache_size(config, self.executor.kv_cache_reports())
             num_blocks = kv_size.num_blocks
-            self.executor.initialize_kv_cache(num_blocks, kv_size.groups)
+            self.executor.initialize_kv_cache(kv_size)
         except BaseException:
             self.executor.shutdown()  # its worker processes must not outlive a failed start
             raise

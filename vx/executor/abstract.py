@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
+from vx.kv_spec import KVCacheReport, KVCacheSize
 from vx.step import ModelRunnerOutput, SchedulerOutput
 
 
@@ -17,10 +16,13 @@ class Executor(ABC):
         self.config = config
 
     @abstractmethod
-    def determine_kv_cache_size(self) -> KVCacheSize: ...
+    def kv_cache_reports(self) -> list[KVCacheReport]:
+        """Every worker's report, one per rank in rank order, as the workers sent them: the engine core sizes the
+        KV cache from them."""
 
     @abstractmethod
-    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None: ...
+    def initialize_kv_cache(self, kv_cache: KVCacheSize) -> None:
+        """Have every worker allocate the KV cache the engine core decided."""
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
 from vx.executor.abstract import Executor
-from vx.executor.worker_protocol import InitKVCache, WorkerReply, encode
+from vx.executor.worker_protocol import WorkerReply, encode
+from vx.kv_spec import KVCacheReport, KVCacheSize
 from vx.step import ModelRunnerOutput, SchedulerOutput, StepDecoder, encode_step
 
 
@@ -73,21 +72,12 @@ class DistributedExecutor(Executor):
         self._failed = reason
         raise WorkerFailedError(reason)
 
-    def determine_kv_cache_size(self) -> KVCacheSize:
-        """The smallest rank's size: every rank allocates the same number of blocks. With several pipeline stages
-        every rank sizes its groups from the whole model's layer windows (each stage holds only its own)."""
-        pc = self.config.parallel_config
-        windows: list[int | None] | None = None
-        if pc.pipeline_parallel_size > 1:
-            per_rank = self._call_all("layer_windows")
-            windows = [w for stage in range(pc.pipeline_parallel_size)
-                       for w in msgspec.msgpack.decode(per_rank[stage * pc.tensor_parallel_size])]
-        sizes = [msgspec.msgpack.decode(payload, type=KVCacheSize)
-                 for payload in self._call_all("determine_kv_cache_size", encode(windows)).values()]
-        return min(sizes, key=lambda size: size.num_blocks)
+    def kv_cache_reports(self) -> list[KVCacheReport]:
+        replies = self._call_all("kv_cache_report")
+        return [msgspec.msgpack.decode(replies[rank], type=KVCacheReport) for rank in sorted(replies)]
 
-    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
-        self._call_all("initialize_kv_cache", encode(InitKVCache(num_blocks, tuple(groups))))
+    def initialize_kv_cache(self, kv_cache: KVCacheSize) -> None:
+        self._call_all("initialize_kv_cache", encode(kv_cache))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from vx.cache.block_table_group import KVCacheGroupSpec
-from vx.cache.kv_cache_size import KVCacheSize
 from vx.config import VxConfig
 from vx.executor.abstract import Executor
+from vx.kv_spec import KVCacheReport, KVCacheSize
 from vx.step import ModelRunnerOutput, SchedulerOutput
 
 
@@ -20,11 +19,11 @@ class UniProcExecutor(Executor):
         self.worker.init_device()
         self.worker.load_model()
 
-    def determine_kv_cache_size(self) -> KVCacheSize:
-        return self.worker.determine_kv_cache_size()
+    def kv_cache_reports(self) -> list[KVCacheReport]:
+        return [self.worker.kv_cache_report()]
 
-    def initialize_kv_cache(self, num_blocks: int, groups: tuple[KVCacheGroupSpec, ...] = ()) -> None:
-        self.worker.initialize_kv_cache(num_blocks, groups)
+    def initialize_kv_cache(self, kv_cache: KVCacheSize) -> None:
+        self.worker.initialize_kv_cache(kv_cache.num_blocks, kv_cache.groups)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)

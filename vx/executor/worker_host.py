@@ -10,7 +10,8 @@ from typing import Any
 import msgspec
 
 from vx.class_path import load_class
-from vx.executor.worker_protocol import InitKVCache, WorkerReply, encode
+from vx.executor.worker_protocol import WorkerReply, encode
+from vx.kv_spec import KVCacheSize
 from vx.module_process import describe_exception
 
 logger = logging.getLogger(__name__)
@@ -74,14 +75,11 @@ class WorkerHost:
         if method == "execute_model":
             output = worker.execute_model(self._decoder.scheduler_output(payload))
             return encode_step(output) if self.is_output_rank else None
-        if method == "layer_windows":
-            return encode(worker.layer_windows())
-        if method == "determine_kv_cache_size":
-            return encode(worker.determine_kv_cache_size(msgspec.msgpack.decode(payload,
-                                                                                type=list[int | None] | None)))
+        if method == "kv_cache_report":
+            return encode(worker.kv_cache_report())
         if method == "initialize_kv_cache":
-            args = msgspec.msgpack.decode(payload, type=InitKVCache)
-            worker.initialize_kv_cache(args.num_blocks, args.groups)
+            kv_cache = msgspec.msgpack.decode(payload, type=KVCacheSize)
+            worker.initialize_kv_cache(kv_cache.num_blocks, kv_cache.groups)
             return b""
         raise ValueError(f"unknown worker call {method!r}")
 

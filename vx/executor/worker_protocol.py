@@ -13,7 +13,6 @@ from typing import BinaryIO
 
 import msgspec
 
-from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.module_process import frame_startup, read_startup_body
 
 
@@ -48,13 +47,6 @@ class WorkerReply(msgspec.Struct, array_like=True, omit_defaults=True, kw_only=T
     error: str | None = None
     compute_s: float = 0.0
     comm_s: float = 0.0
-
-
-class InitKVCache(msgspec.Struct, array_like=True):
-    """`initialize_kv_cache`'s arguments."""
-
-    num_blocks: int
-    groups: tuple[KVCacheGroupSpec, ...] = ()
 
 
 STARTUP_SEQ = -1  # the seq of the reply a worker sends once its model is loaded (or failed to load)

@@ -73,7 +73,7 @@ def build_model(request: dict) -> tuple[torch.nn.Module, int]:
     """(the model, bound to its KV caches, number of KV-cache groups), as the engine built it."""
     import msgspec
 
-    from vx.cache.block_table_group import KVCacheGroupSpec
+    from vx.kv_spec import KVCacheGroupSpec
     from vx.config import decode_config
     from vx.gpu.attention.cpu_kernels import register_paged_decode_op
     from vx.gpu.model_runner import ModelRunner

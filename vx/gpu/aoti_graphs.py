@@ -37,7 +37,7 @@ import msgspec
 import torch
 
 from vx import envs
-from vx.cache.block_table_group import KVCacheGroupSpec
+from vx.kv_spec import KVCacheGroupSpec
 from vx.config import VxConfig, encode_config
 from vx.gpu.graph_capture import CompileCancelled, GraphCapture, InductorGraphs
 

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.config import hf_kv_cache_dims
 from vx.gpu.attention.backend import AttentionBackend
 from vx.gpu.attention.kv_format import KVCacheFormat, kv_cache_format
 from vx.gpu.attention.torch_backend import TorchAttentionBackend
+from vx.kv_spec import KVCacheGroupSpec
 from vx.models.layers.attention import Attention
 from vx.platform import torch_dtype
 
@@ -72,7 +72,7 @@ def bind_kv_caches(model: nn.Module, backend: type[AttentionBackend], num_blocks
                    kv_cache_dtype: str = "auto", groups: Sequence[KVCacheGroupSpec] = ()) -> list[torch.Tensor]:
     """Allocate a zeroed cache per Attention layer, bind it and a backend impl onto the layer; return them.
 
-    With `groups` (one per attention kind, `vx.cache.kv_cache_size.kv_cache_groups`), a layer's cache has its
+    With `groups` (one per attention kind, as the engine core decided), a layer's cache has its
     group's blocks, and the layer reads its group's attention metadata (`Attention.kv_cache_group`).
 
     `dtype` is the model's; each cache stores K and V in the format `kv_cache_dtype` names, which the impl reads.

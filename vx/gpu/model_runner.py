@@ -7,7 +7,6 @@ import logging
 import numpy as np
 import torch
 
-from vx.cache.block_table_group import KVCacheGroupSpec
 from vx.config import VxConfig, checkpoint_quantization_config, hf_kv_cache_dims
 from vx.distributed import ParallelGroups
 from vx.gpu.attention import get_attn_backend
@@ -22,6 +21,7 @@ from vx.gpu.kv_cache import attention_layers, bind_kv_caches, bytes_per_block, l
 from vx.gpu.pooler import pool_step
 from vx.gpu.sampler import LogprobsTensors, Sampler, gather_logprobs
 from vx.gpu.sampling_metadata import SamplingMetadata
+from vx.kv_spec import KVCacheGroupSpec
 from vx.models.layers.quantization import get_quantization_config
 from vx.models.loader import DefaultModelLoader
 from vx.platform import torch_dtype
