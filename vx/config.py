@@ -18,14 +18,14 @@ import msgspec
 from vx import platform
 from vx.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
                              default_grammar_compile_workers)
-from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.checkpoint_files import check_checkpoint
 from vx.model_architectures import PARALLEL_ARCHITECTURES, unsupported_architecture
 from vx.model_limits import check_model_config
 from vx.hf_config import (HFConfig, ResolvedHFConfig, config_fields, hf_head_dim, hf_is_mla, hf_kv_cache_dims,
                           hf_num_kv_heads, resolve_hf_config)
-from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
-from vx.quantization_split import check_quantized_split
+from vx.gpu.attention.registry import ATTENTION_BACKEND_NAMES, KV_CACHE_DTYPES
+from vx.models.layers.quantization.registry import QUANTIZATION_NAMES
+from vx.models.layers.quantization.tp_split import check_quantized_split
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
@@ -83,7 +83,7 @@ class CacheConfig(msgspec.Struct, kw_only=True):
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    # The KV cache's storage: "auto" (the model dtype) or a smaller one (vx.quantization_methods.KV_CACHE_DTYPES).
+    # The KV cache's storage: "auto" (the model dtype) or a smaller one (vx.gpu.attention.registry.KV_CACHE_DTYPES).
     kv_cache_dtype: str = "auto"
 
 
@@ -141,9 +141,10 @@ class ParallelConfig(msgspec.Struct, kw_only=True):
 
 
 class QuantConfig(msgspec.Struct, kw_only=True):
-    """How the model's weights are stored: the quantization method (vx.quantization_methods), resolved from the
-    checkpoint's `quantization_config` (whose details the method reads from `ModelConfig.hf_config`), a GGUF file's
-    tensor types, or `quantization=`; None: float weights in the model dtype."""
+    """How the model's weights are stored: the quantization method (a row of vx.models.layers.quantization.registry),
+    resolved from the checkpoint's `quantization_config` (whose details the method reads from
+    `ModelConfig.hf_config`), a GGUF file's tensor types, or `quantization=`; None: float weights in the model
+    dtype."""
 
     method: str | None = None
 
@@ -397,7 +398,7 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
     """The model can be split as `parallel` asks: a family whose layers shard, attention heads (and KV heads, or
     ranks over KV heads: each rank then holds a replica) divisible by the tensor-parallel ranks, at least one layer
     a pipeline stage, quantized weights only in a format that splits, aligned to its blocks or groups per rank
-    (vx.quantization_split). ValueError naming the field."""
+    (vx.models.layers.quantization.tp_split). ValueError naming the field."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if tp * pp == 1:
         return
