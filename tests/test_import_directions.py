@@ -22,12 +22,15 @@ FORBIDDEN = {
     "distributed": {"core", "gpu", "models", "client", "executor"},
 }
 # Modules anyone may import: they import none of the packages above.
-LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "attention_backends",
+LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform",
           "step", "module_process", "class_path", "version", "optional_dependencies", "kv_spec")
 # Leaves inside a package: what the application process reads beside the code it describes (DESIGN.md: a registry
 # lives beside its code in a module that imports nothing heavy). Each is a unit of its own, and the package
 # `__init__` files on its way count only for what they themselves import.
-LEAF_MODULES = ("models.registry", "models.gguf.header")
+LEAF_MODULES = ("models.registry", "models.gguf.header", "models.layers.quantization.registry",
+                "models.layers.quantization.tp_split", "gpu.attention.registry")
+ON_NESTED_LEAVES_WAY = {"vx." + ".".join(m.split(".")[:i]) for m in LEAF_MODULES for i in range(1, len(m.split(".")))}
+"""The packages whose __init__ files run when a leaf module inside a package is imported."""
 
 
 def _unit(module: str) -> str:
@@ -78,8 +81,27 @@ def test_no_forbidden_direction():
 def test_leaves_import_no_package():
     edges = _imports()
     packages = {"client", "core", "cache", "gpu", "models", "executor", "serve", "distributed", "cli", "kernels"}
-    bad = [f"{leaf} imports {dst}" for leaf in LEAVES + LEAF_MODULES for dst in sorted(edges.get(leaf, ())) if dst in packages]
+    bad = [f"{leaf} imports {dst}" for leaf in LEAVES + LEAF_MODULES for dst in sorted(edges.get(leaf, ()))
+           if dst in packages]
     assert not bad, "leaf modules must stay leaves: " + "; ".join(bad)
+
+
+def test_packages_on_a_nested_leafs_way_import_nothing():
+    """Importing a nested leaf runs its packages' __init__ files: they import no vx module and nothing heavy when
+    imported (their names load on first use), so reading a registry reaches nothing else of its package."""
+    allowed = {"__future__", "importlib", "typing"}
+    bad = []
+    for package in sorted(ON_NESTED_LEAVES_WAY):
+        path = ROOT.parent.joinpath(*package.split("."), "__init__.py")
+        for node in _at_import(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            bad += [f"{package} imports {n}" for n in names if n.split(".")[0] not in allowed]
+    assert not bad, "package __init__ files on a registry's way must be lazy: " + "; ".join(bad)
 
 
 def _cycles(edges: dict[str, set[str]]) -> set[str]:

@@ -170,7 +170,7 @@ def test_quantization_names_are_checked(tiny_model_dir):
 
 
 def test_every_kv_cache_dtype_reaches_the_cache_config(tiny_model_dir):
-    from vx.quantization_methods import KV_CACHE_DTYPES
+    from vx.gpu.attention.registry import KV_CACHE_DTYPES
 
     assert KV_CACHE_DTYPES == ("auto", "fp8_e4m3", "int8")
     for kv in KV_CACHE_DTYPES:

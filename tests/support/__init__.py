@@ -18,5 +18,6 @@
 - `quantized_checkpoints`: AWQ, GPTQ and FP8 checkpoints packed from a tiny model's float weights, each beside its
   float twin with the dequantized weights;
 - `vx_outputs`: a model directory loaded as the engine resolves it, its prefill logits, its greedy tokens through
-  `vx.LLM`, and the bytes its linear layers' weights take.
+  `vx.LLM`, and the bytes its linear layers' weights take;
+- `registry_scan`: the collection literals of vx's source that list a registry's names outside the registry.
 """

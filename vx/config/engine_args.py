@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from vx import platform
-from vx.attention_backends import ATTENTION_BACKEND_NAMES
 from vx.config.checkpoint_files import check_checkpoint
 from vx.config.cpu_defaults import (default_cpu_max_num_batched_tokens, default_cpu_max_num_seqs,
                                     default_grammar_compile_workers)
@@ -19,8 +18,9 @@ from vx.config.vx_config import (DEFAULT_MAX_N_SEQUENCES, SCHEDULING_POLICIES, C
                                  ModelConfig, ParallelConfig, QuantConfig, SchedulerConfig, StructuredOutputsConfig,
                                  VxConfig)
 from vx.models.registry import parallel_architectures, unsupported_architecture
-from vx.quantization_methods import KV_CACHE_DTYPES, QUANTIZATION_NAMES
-from vx.quantization_split import check_quantized_split
+from vx.gpu.attention.registry import ATTENTION_BACKEND_NAMES, KV_CACHE_DTYPES
+from vx.models.layers.quantization.registry import QUANTIZATION_NAMES
+from vx.models.layers.quantization.tp_split import check_quantized_split
 
 _DTYPES = ("auto", *platform.DTYPE_NAMES)
 _DEVICES = ("auto", "cpu", "cuda")
@@ -262,7 +262,7 @@ def check_parallel_split(parallel: ParallelConfig, hf_config: Any, architecture:
     """The model can be split as `parallel` asks: a family whose layers shard, attention heads (and KV heads, or
     ranks over KV heads: each rank then holds a replica) divisible by the tensor-parallel ranks, at least one layer
     a pipeline stage, quantized weights only in a format that splits, aligned to its blocks or groups per rank
-    (vx.quantization_split). ValueError naming the field."""
+    (vx.models.layers.quantization.tp_split). ValueError naming the field."""
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if tp * pp == 1:
         return

@@ -24,7 +24,7 @@ import msgspec
 
 from vx import envs
 from vx.config.model_limits import check_model_config
-from vx.quantization_methods import QUANTIZATION_NAMES
+from vx.models.layers.quantization.registry import QUANTIZATION_NAMES
 
 
 class HFConfig(dict):

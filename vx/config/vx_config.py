@@ -63,7 +63,7 @@ class CacheConfig(msgspec.Struct, kw_only=True):
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
-    # The KV cache's storage: "auto" (the model dtype) or a smaller one (vx.quantization_methods.KV_CACHE_DTYPES).
+    # The KV cache's storage: "auto" (the model dtype) or a smaller one (vx.gpu.attention.registry.KV_CACHE_DTYPES).
     kv_cache_dtype: str = "auto"
 
 
@@ -121,9 +121,10 @@ class ParallelConfig(msgspec.Struct, kw_only=True):
 
 
 class QuantConfig(msgspec.Struct, kw_only=True):
-    """How the model's weights are stored: the quantization method (vx.quantization_methods), resolved from the
-    checkpoint's `quantization_config` (whose details the method reads from `ModelConfig.hf_config`), a GGUF file's
-    tensor types, or `quantization=`; None: float weights in the model dtype."""
+    """How the model's weights are stored: the quantization method (a row of vx.models.layers.quantization.registry),
+    resolved from the checkpoint's `quantization_config` (whose details the method reads from
+    `ModelConfig.hf_config`), a GGUF file's tensor types, or `quantization=`; None: float weights in the model
+    dtype."""
 
     method: str | None = None
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vx.gpu.attention.kv_format import FP8_E4M3_MAX, KV_CACHE_FORMATS, kv_cache_format, row_scales
-from vx.quantization_methods import KV_CACHE_DTYPES
+from vx.gpu.attention.registry import KV_CACHE_DTYPES
 
 
 def test_every_configurable_name_has_a_format():

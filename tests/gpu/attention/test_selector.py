@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from vx.attention_backends import ATTENTION_BACKEND_NAMES, AUTO, BACKEND_CLASSES
 from vx.config import EngineArgs
 from vx.gpu.attention import (AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite,
                               get_attn_backend, load_backend)
 from vx.gpu.attention.backend import slot_views
+from vx.gpu.attention.registry import ATTENTION_BACKEND_NAMES, AUTO, BACKENDS
 
 
-@pytest.mark.parametrize("name", sorted(BACKEND_CLASSES))
+@pytest.mark.parametrize("name", sorted(b.name for b in BACKENDS))
 def test_each_registered_backend_loads_under_its_name(name):
     cls = load_backend(name)
     assert issubclass(cls, AttentionBackend) and cls.get_name() == name
@@ -39,12 +39,12 @@ def test_config_accepts_exactly_the_registered_names():
 
 
 def test_importing_the_package_loads_no_backend():
-    code = ("import sys, vx.gpu.attention, vx.config, vx.attention_backends; "
+    code = ("import sys, vx.gpu.attention, vx.config, vx.gpu.attention.registry; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'flash_attn') "
             "or m.startswith('vx.') and m.endswith(('_backend', '_kernels'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    code = "import sys, vx.config, vx.attention_backends; print('torch' in sys.modules)"
+    code = "import sys, vx.config, vx.gpu.attention.registry; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

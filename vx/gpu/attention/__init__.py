@@ -1,15 +1,30 @@
-"""Attention backends: the interface, and the selector that loads one by name.
+"""Attention backends: the interface, the registry of backends by name, and the selector that loads one.
 
-Importing this package imports no backend module, nor triton or flash_attn: a backend's module loads when
-it is selected (the names and their modules are listed once, in `vx.attention_backends`), and triton and
-flash_attn load when their backend first runs, so a test process can still decide TRITON_INTERPRET, and a
-broken flash_attn install only disqualifies its own backend.
+Importing this package imports nothing heavy (the application process reads `registry` without torch): the names
+below load when first asked for; a backend's module loads when it is selected, and triton and flash_attn when their
+backend first runs, so a test process can still decide TRITON_INTERPRET, and a broken flash_attn install only
+disqualifies its own backend.
 """
 
 from __future__ import annotations
 
-from vx.gpu.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata, KVCacheWrite
-from vx.gpu.attention.selector import backend_problem, get_attn_backend, load_backend
+import importlib
+from typing import Any
 
-__all__ = ["AttentionBackend", "AttentionImpl", "CommonAttentionMetadata", "KVCacheWrite", "backend_problem",
-           "get_attn_backend", "load_backend"]
+_LAZY = {
+    "AttentionBackend": "vx.gpu.attention.backend",
+    "AttentionImpl": "vx.gpu.attention.backend",
+    "CommonAttentionMetadata": "vx.gpu.attention.backend",
+    "KVCacheWrite": "vx.gpu.attention.backend",
+    "backend_problem": "vx.gpu.attention.selector",
+    "get_attn_backend": "vx.gpu.attention.selector",
+    "load_backend": "vx.gpu.attention.selector",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'vx.gpu.attention' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -142,7 +142,7 @@ class AttentionBackend(ABC):
     @staticmethod
     @abstractmethod
     def get_name() -> str:
-        """Short name, as accepted by `attention_backend=` (its key in `vx.attention_backends`)."""
+        """Short name, as accepted by `attention_backend=` (its row in `vx.gpu.attention.registry`)."""
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:

@@ -122,7 +122,7 @@ def row_scales(rows: torch.Tensor) -> torch.Tensor:
 
 KV_CACHE_FORMATS: Mapping[str, KVCacheFormat] = MappingProxyType(
     {f.name: f for f in (KVCacheFormat(), Fp8E4M3Format(), Int8Format())})
-"""kv_cache_dtype name -> its format (the names are vx.quantization_methods.KV_CACHE_DTYPES)."""
+"""kv_cache_dtype name -> its format (the names are vx.gpu.attention.registry.KV_CACHE_DTYPES)."""
 
 
 def kv_cache_format(name: str) -> KVCacheFormat:

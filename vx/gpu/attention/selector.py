@@ -1,4 +1,5 @@
-"""Picking an attention backend by name: the registry's classes, imported only when asked for."""
+"""Picking an attention backend by name: the registry's classes, imported only when asked for, and 'auto''s choice
+in the order the registry's rows give."""
 
 from __future__ import annotations
 
@@ -6,23 +7,13 @@ import importlib
 
 import torch
 
-from vx.attention_backends import ATTENTION_BACKEND_NAMES, AUTO, BACKEND_CLASSES
 from vx.gpu.attention.backend import AttentionBackend
-
-# What 'auto' tries before torch (which runs anywhere), best first: on CUDA flash_attn, then triton; elsewhere
-# the cpu backend (torch with a C decode kernel).
-_AUTO_ORDER_CUDA = ("flash_attn", "triton")
-_AUTO_ORDER_ELSEWHERE = ("cpu",)
-MLA = "mla"  # the one backend of multi-head latent attention models
+from vx.gpu.attention.registry import AUTO, attention_backend, auto_order, fallback_backend, mla_backend
 
 
 def load_backend(name: str) -> type[AttentionBackend]:
     """The backend class registered as `name`, its module imported now (and kept by Python's import cache)."""
-    try:
-        module, _, cls = BACKEND_CLASSES[name].partition(":")
-    except KeyError:
-        raise ValueError(f"Unknown attention_backend {name!r}; choose one of: "
-                         f"{', '.join(ATTENTION_BACKEND_NAMES)}.") from None
+    module, _, cls = attention_backend(name).backend_class.partition(":")
     return getattr(importlib.import_module(module), cls)
 
 
@@ -46,11 +37,12 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
                      mla: bool = False) -> type[AttentionBackend]:
     """The backend class for `name` on `device`; the keyword arguments, when given, are checked too.
 
-    'torch' runs anywhere. 'auto' on CUDA takes flash_attn if it imports and fits (and, when block_size
-    is known, only if it is a multiple of 256: below that flash_attn gathers the context every layer),
-    else triton if available, else torch; on CPU it takes cpu (torch with a C decode kernel) when that kernel
-    builds, else torch. A backend that cannot read the `kv_cache_dtype` (flash_attn: a quantized cache), or cannot
-    soft-cap the scores when the model does (`logits_soft_cap`), is passed over. Naming an unavailable backend
+    'torch' runs anywhere. 'auto' tries the backends in the registry's order for the device and takes the first
+    that is available, fits, and (when block_size is known) is paged at that block size rather than gathering the
+    context every layer, else the fallback (torch): on CUDA flash_attn (paged from blocks of 256), then triton; on
+    CPU cpu (torch with a C decode kernel) when that kernel builds. A backend that cannot read the `kv_cache_dtype`
+    (flash_attn: a quantized cache), or cannot soft-cap the scores when the model does (`logits_soft_cap`), is
+    passed over. Naming an unavailable backend
     raises a ValueError saying why; 'triton' on CPU needs TRITON_INTERPRET=1
     (Triton's interpreter, for tests); when not even torch can serve the shape, 'auto' raises too.
 
@@ -59,28 +51,31 @@ def get_attn_backend(name: str, device: str | torch.device, *, dtype: torch.dtyp
     """
     shape = dict(dtype=dtype, head_dim=head_dim, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
                  logits_soft_cap=logits_soft_cap)
-    if mla or name == MLA:
+    mla_name = mla_backend()
+    if mla or name == mla_name:
         if not mla:
-            raise ValueError("attention_backend='mla' serves multi-head latent attention models (DeepSeek-V2) only.")
-        if name not in (AUTO, MLA):
+            raise ValueError(f"attention_backend={name!r} serves multi-head latent attention models (DeepSeek-V2) "
+                             "only.")
+        if name not in (AUTO, mla_name):
             raise ValueError(f"attention_backend={name!r} cannot serve a multi-head latent attention model "
-                             "(DeepSeek-V2): its cache holds latent rows; use 'auto' or 'mla'.")
-        reason = backend_problem(MLA, device, **shape)
+                             f"(DeepSeek-V2): its cache holds latent rows; use {AUTO!r} or {mla_name!r}.")
+        reason = backend_problem(mla_name, device, **shape)
         if reason is not None:
             raise ValueError(f"attention_backend={name!r} is unavailable: {reason}.")
-        return load_backend(MLA)
+        return load_backend(mla_name)
     if name == AUTO:
-        order = _AUTO_ORDER_CUDA if torch.device(device).type == "cuda" else _AUTO_ORDER_ELSEWHERE
-        for candidate in order:
+        for candidate in auto_order(torch.device(device).type):
             cls = load_backend(candidate)
             # A backend that would gather the context every layer is not chosen unasked.
             paged = block_size is None or cls.is_paged(block_size)
             if paged and backend_problem(candidate, device, **shape) is None:
                 return cls
-        reason = backend_problem("torch", device, **shape)
+        fallback = fallback_backend()
+        reason = backend_problem(fallback, device, **shape)
         if reason is not None:
-            raise ValueError(f"attention_backend='auto' found no backend: even torch cannot serve this ({reason}).")
-        return load_backend("torch")
+            raise ValueError(f"attention_backend={AUTO!r} found no backend: even {fallback} cannot serve this "
+                             f"({reason}).")
+        return load_backend(fallback)
     reason = backend_problem(name, device, **shape)
     if reason is not None:
         raise ValueError(f"attention_backend={name!r} is unavailable: {reason}.")

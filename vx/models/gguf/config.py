@@ -68,7 +68,7 @@ _ROW_PARALLEL_TENSORS = (".attn_output.weight", ".ffn_down.weight")
 def row_parallel_block(tensors: list[TensorInfo]) -> int:
     """The largest block, in weights along a row, of the tensors that tensor parallelism splits along their rows
     (o_proj, down_proj; experts are dequantized at load): what each rank's share of a row must be a multiple of,
-    so that the config can check a split before any worker reads the file (vx.quantization_split)."""
+    so that the config can check a split before any worker reads the file (vx.models.layers.quantization.tp_split)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     blocks = [GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)][0] for t in tensors

@@ -1,15 +1,33 @@
-"""Building blocks of the model files: TP-shaped linear layers, norm, rotary, activation, embedding, attention."""
+"""Building blocks of the model files: TP-shaped linear layers, norm, rotary, activation, embedding, attention.
 
-from vx.models.layers.activation import SiluAndMul
-from vx.models.layers.attention import Attention
-from vx.models.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                                     ReplicatedLinear, RowParallelLinear)
-from vx.models.layers.norm import RMSNorm
-from vx.models.layers.rotary import RotaryEmbedding, get_rope
-from vx.models.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+The package itself imports nothing heavy: the application process reads `quantization.registry` without torch; the
+layers load when first asked for.
+"""
 
-__all__ = [
-    "Attention", "ColumnParallelLinear", "MergedColumnParallelLinear", "ParallelLMHead", "QKVParallelLinear",
-    "RMSNorm", "ReplicatedLinear", "RotaryEmbedding", "RowParallelLinear", "SiluAndMul", "VocabParallelEmbedding",
-    "get_rope",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Attention": "vx.models.layers.attention",
+    "ColumnParallelLinear": "vx.models.layers.linear",
+    "MergedColumnParallelLinear": "vx.models.layers.linear",
+    "ParallelLMHead": "vx.models.layers.vocab_embedding",
+    "QKVParallelLinear": "vx.models.layers.linear",
+    "RMSNorm": "vx.models.layers.norm",
+    "ReplicatedLinear": "vx.models.layers.linear",
+    "RotaryEmbedding": "vx.models.layers.rotary",
+    "RowParallelLinear": "vx.models.layers.linear",
+    "SiluAndMul": "vx.models.layers.activation",
+    "VocabParallelEmbedding": "vx.models.layers.vocab_embedding",
+    "get_rope": "vx.models.layers.rotary",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'vx.models.layers' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

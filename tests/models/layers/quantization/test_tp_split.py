@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vx.config import EngineArgs
-from vx.quantization_split import SPLIT_METHODS, check_quantized_split
+from vx.models.layers.quantization.tp_split import SPLIT_METHODS, check_quantized_split
 
 # A Llama-shaped config: 8 heads of 64 (o_proj K = 512), 2 KV heads, down_proj K = 1536.
 LLAMA = dict(num_attention_heads=8, hidden_size=512, intermediate_size=1536)
