@@ -24,7 +24,6 @@ group_limited_greedy, a `scoring_func` other than softmax.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Iterable
 
 import torch
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vx.models.causal_lm import CausalLM
-from vx.models.layers.fused_moe import FusedMoE
+from vx.models.layers.fused_moe import ExpertWeightLoader, FusedMoE
 from vx.models.layers.grouped_topk import check_routing, deepseek_v2_route
 from vx.models.layers.linear import ReplicatedLinear
 from vx.models.layers.mla import MLAAttention
@@ -41,10 +40,6 @@ from vx.models.layers.quantization import QuantizationConfig
 from vx.models.layers.rotary import RotaryEmbedding, get_rope, get_rope_config
 from vx.models.layers.vocab_embedding import VocabParallelEmbedding
 from vx.models.llama import LlamaMLP, PreNormDecoderLayer
-
-# A checkpoint's routed-expert weight: (layer prefix, expert id, projection).
-_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 
 def mla_softmax_scale(config: Any) -> float:
@@ -238,26 +233,5 @@ class DeepseekV2ForCausalLM(CausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Stack each routed expert's projections into its layer's `FusedMoE`; the rest loads as for Llama (the
         dense and shared experts' gate/up fused into gate_up_proj)."""
-        params = dict(self.named_parameters())
-        expected: dict[str, int] = {}
-        seen: dict[str, set[tuple[int, str]]] = {}
-
-        def others() -> Iterable[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                match = _EXPERT.match(name)
-                if match is None:  # shared experts' names carry no expert id
-                    yield name, tensor
-                    continue
-                layer, expert, shard = match.group(1), int(match.group(2)), _SHARD_OF[match.group(3)]
-                target = f"{layer}.experts.{'w2' if shard == 'w2' else 'w13'}_weight"
-                param = params.get(target)
-                if param is None:
-                    raise ValueError(f"{name}: the model has no routed experts at {layer}.")
-                param.weight_loader(param, tensor, shard, expert)
-                expected[target] = param.shape[0] * (1 if shard == "w2" else 2)
-                seen.setdefault(target, set()).add((expert, shard))
-
-        loaded = super().load_weights(others())
-        # A stack counts as loaded once every expert's projections have arrived.
-        loaded.update(target for target, got in seen.items() if len(got) == expected[target])
-        return loaded
+        experts = ExpertWeightLoader(dict(self.named_parameters()))
+        return super().load_weights(experts.others(weights)) | experts.loaded()

@@ -11,24 +11,19 @@ embeddings stay quantized under the GGUF method while the experts arrive dequant
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from torch import nn
 
 from vx.models.causal_lm import CausalLM
-from vx.models.layers.fused_moe import FusedMoE
+from vx.models.layers.fused_moe import ExpertWeightLoader, FusedMoE
 from vx.models.layers.linear import ReplicatedLinear
 from vx.models.layers.quantization import QuantizationConfig
 from vx.models.llama import LlamaModel
 
 if TYPE_CHECKING:
     from vx.distributed import GroupCoordinator
-
-# A checkpoint's expert weight: (layer prefix, expert id, projection).
-_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
-_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
 
 
 class MoEMLP(nn.Module):
@@ -71,34 +66,9 @@ class MoECausalLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Stack each expert's projections into its layer's `FusedMoE`; the rest loads as for Llama."""
-        params = dict(self.named_parameters())
-        expected: dict[str, int] = {}
-        seen: dict[str, set[tuple[int, str]]] = {}
-
-        def others() -> Iterable[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                name = name.replace(f".{self._mlp_name}.", ".mlp.")
-                match = _EXPERT.match(name)
-                if match is None:
-                    yield name, tensor
-                    continue
-                layer, expert, projection = match.group(1), int(match.group(2)), match.group(3)
-                if f"{layer}.".startswith(self.missing_prefixes):
-                    continue  # another pipeline stage's layer
-                shard = _SHARD_OF[projection]
-                target = f"{layer}.experts.{'w2' if shard == 'w2' else 'w13'}_weight"
-                param = params.get(target)
-                if param is None:
-                    raise ValueError(f"{name}: the model has no experts at {layer}.")
-                with torch.no_grad():
-                    param.weight_loader(param, tensor, shard, expert)
-                expected[target] = param.shape[0] * (1 if shard == "w2" else 2)
-                seen.setdefault(target, set()).add((expert, shard))
-
-        loaded = super().load_weights(others())
-        # A stack counts as loaded once every expert's projections have arrived.
-        loaded.update(target for target, got in seen.items() if len(got) == expected[target])
-        return loaded
+        experts = ExpertWeightLoader(dict(self.named_parameters()), skip_prefixes=self.missing_prefixes)
+        renamed = ((name.replace(f".{self._mlp_name}.", ".mlp."), tensor) for name, tensor in weights)
+        return super().load_weights(experts.others(renamed)) | experts.loaded()
 
 
 class Qwen3MoeForCausalLM(MoECausalLM):

@@ -43,11 +43,8 @@ ENDPOINT = "/v1/chat/completions"
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, receive: Receive) -> Response:
     """Validate `req`, run it, and answer in OpenAI's chat shape (a 4xx `APIError` for bad input)."""
     start = now()
-    try:
+    with state.metrics.errors_counted(ENDPOINT):
         return await _create(state, req, receive, start)
-    except Exception:  # every failure counts, unexpected ones too
-        state.metrics.record_error(ENDPOINT)
-        raise
 
 
 def _tool_choice(req: ChatCompletionRequest) -> str | NamedToolChoice:
@@ -192,11 +189,8 @@ async def _create(state: ServerState, req: ChatCompletionRequest, receive: Recei
                         final_reasons[choice.index] = choice.finish_reason
                     await emit(chunk([choice]))
 
-        try:
+        with state.metrics.errors_counted(ENDPOINT):
             await run_jobs(state.llm, [job], on_delta)
-        except Exception:  # every failure counts, unexpected ones too
-            state.metrics.record_error(ENDPOINT)
-            raise
         job.report([final_reasons.get(c.index, c.finish_reason or "abort") for c in job.choices])
         if req.stream_options is not None and req.stream_options.include_usage:
             await emit(chunk([], _usage(job)))

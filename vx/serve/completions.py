@@ -28,11 +28,8 @@ ENDPOINT = "/v1/completions"
 async def create_completion(state: ServerState, req: CompletionRequest, receive: Receive) -> Response:
     """Validate `req`, run it, and answer in OpenAI's completion shape (a 4xx `APIError` for bad input)."""
     start = now()
-    try:
+    with state.metrics.errors_counted(ENDPOINT):
         return await _create(state, req, receive, start)
-    except Exception:  # every failure counts, unexpected ones too
-        state.metrics.record_error(ENDPOINT)
-        raise
 
 
 async def _create(state: ServerState, req: CompletionRequest, receive: Receive, start: float) -> Response:
@@ -83,11 +80,8 @@ async def _create(state: ServerState, req: CompletionRequest, receive: Receive, 
                     chunk = CompletionResponse(id=rid, created=created, model=model, choices=[choice])
                     await emit(chunk.model_dump_json())
 
-        try:
+        with state.metrics.errors_counted(ENDPOINT):
             await run_jobs(state.llm, jobs, on_delta)
-        except Exception:  # every failure counts, unexpected ones too
-            state.metrics.record_error(ENDPOINT)
-            raise
         for job in jobs:
             job.report()
         if req.stream_options is not None and req.stream_options.include_usage:

@@ -35,11 +35,8 @@ _TEXT_PARTS = ("input_text", "output_text", "text")
 
 async def create_response(state: ServerState, req: ResponsesRequest, receive: Receive) -> Response:
     """Answer `req` in the Responses shape (a 4xx `APIError` for what vx cannot or will not do)."""
-    try:
+    with state.metrics.errors_counted(ENDPOINT):  # the chat endpoint counts its own errors from here on
         chat = _chat_request(req)
-    except APIError:
-        state.metrics.record_error(ENDPOINT)  # the chat endpoint counts its own errors from here on
-        raise
     model = state.model_name(req.model)
     response_id = "resp_" + uuid.uuid4().hex
     with _responses_params():

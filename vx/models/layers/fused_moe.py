@@ -1,7 +1,7 @@
 """Mixture-of-experts MLP: top-k routing, then every expert runs once on all the tokens routed to it.
 
 The experts' weights are stacked ([E, 2I, H] gate|up and [E, H, I] down), loaded expert by expert from checkpoints
-that name them one by one. Two paths compute the experts:
+that name them one by one (`ExpertWeightLoader`, which every MoE family's `load_weights` uses). Two paths compute the experts:
 - CUDA tensors (float32/bfloat16/float16, triton importable): fused_moe_triton.py, two grouped-GEMM launches over
   expert-sorted blocks (moe_align.py), with no host sync, so the layer can run inside a CUDA graph.
 - otherwise (the CPU's default): sort the (token, slot) assignments by expert, and each expert with tokens
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 _SHARDS = ("w1", "w3", "w2")  # gate, up, down: the names vLLM and Mixtral use
 _TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# A checkpoint's expert weight: (layer prefix, expert id, projection), in Hugging Face's or Mixtral's names.
+_EXPERT_WEIGHT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+_SHARD_OF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
 
 
 @functools.cache
@@ -130,3 +134,37 @@ class FusedMoE(nn.Module):
             out.index_add_(0, tokens, y * weight_of[start:start + count, None])
             start += count
         return out
+
+
+class ExpertWeightLoader:
+    """Stacks a checkpoint's per-expert tensors into a model's `FusedMoE` stacks as they stream past, so a family's
+    `load_weights` hands only the other tensors to the generic loader."""
+
+    def __init__(self, params: dict[str, nn.Parameter], skip_prefixes: tuple[str, ...] = ()) -> None:
+        self.params = params
+        self.skip_prefixes = skip_prefixes  # layers another pipeline stage holds
+        self._expected: dict[str, int] = {}
+        self._seen: dict[str, set[tuple[int, str]]] = {}
+
+    def others(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Load each expert tensor of `weights` into its stack; yield every other tensor unchanged."""
+        for name, tensor in weights:
+            match = _EXPERT_WEIGHT.match(name)
+            if match is None:  # shared experts' names carry no expert id
+                yield name, tensor
+                continue
+            layer, expert, shard = match.group(1), int(match.group(2)), _SHARD_OF[match.group(3)]
+            if f"{layer}.".startswith(self.skip_prefixes):
+                continue
+            target = f"{layer}.experts.{'w2' if shard == 'w2' else 'w13'}_weight"
+            param = self.params.get(target)
+            if param is None:
+                raise ValueError(f"{name}: the model has no routed experts at {layer}.")
+            with torch.no_grad():
+                param.weight_loader(param, tensor, shard, expert)
+            self._expected[target] = param.shape[0] * (1 if shard == "w2" else 2)
+            self._seen.setdefault(target, set()).add((expert, shard))
+
+    def loaded(self) -> set[str]:
+        """The stacks loaded so far: a stack counts once every expert's projections have arrived."""
+        return {target for target, got in self._seen.items() if len(got) == self._expected[target]}
