@@ -186,20 +186,12 @@ class EngineArgs:
         return "uni" if self.tensor_parallel_size * self.pipeline_parallel_size == 1 else "mp"
 
     def _check_scalars(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}.")
-        if self.device not in _DEVICES:
-            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}.")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got "
-                             f"{self.scheduling_policy!r}.")
+        for name, allowed in (("dtype", _DTYPES), ("device", _DEVICES), ("scheduling_policy", SCHEDULING_POLICIES),
+                              ("kv_cache_dtype", KV_CACHE_DTYPES), ("attention_backend", ATTENTION_BACKEND_NAMES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
         if self.quantization is not None and self.quantization not in QUANTIZATION_NAMES:
             raise ValueError(f"quantization must be None or one of {QUANTIZATION_NAMES}, got {self.quantization!r}.")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}.")
-        if self.attention_backend not in ATTENTION_BACKEND_NAMES:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKEND_NAMES}, "
-                             f"got {self.attention_backend!r}.")
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
                      "max_num_batched_tokens", "grammar_compile_workers"):
             v = getattr(self, name)

@@ -8,8 +8,7 @@ disqualifies its own backend.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vx.class_path import lazy_names
 
 _LAZY = {
     "AttentionBackend": "vx.gpu.attention.backend",
@@ -23,8 +22,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'vx.gpu.attention' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_names(__name__, _LAZY)
