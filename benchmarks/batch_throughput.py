@@ -100,7 +100,7 @@ def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
     graphs = engine_model_runner(llm.llm_engine).decode_graphs
     compile_s = None
     if graphs is not None:
-        from vx.gpu.decode_graphs import bucket_for
+        from vx.gpu.graphs.buffers import bucket_for
 
         graphs.wait()
         size = bucket_for(graphs.sizes, min(spec["num_requests"], graphs.sizes[-1]))

@@ -143,7 +143,7 @@ fi
 if [ -n "${GPU_CHECK_SKIP_CPU_TESTS:-}" ]; then
     skip_step "decode-graph and attention tests (CPU side)" "GPU_CHECK_SKIP_CPU_TESTS is set"
 else run_step "decode-graph and attention tests (CPU side: capture logic, interpreter, selector)" 90 \
-    "$PY" -m pytest -q -ra -p no:cacheprovider -m "not gpu" tests/gpu/attention tests/gpu/test_graph_capture.py
+    "$PY" -m pytest -q -ra -p no:cacheprovider -m "not gpu" tests/gpu/attention tests/gpu/graphs/test_cuda.py
 fi
 run_step "greedy vs HF, float32 (exact)" 100 "$PY" -m benchmarks.greedy_check --model $MODEL --device $DEVICE \
     --dtype float32

@@ -60,8 +60,8 @@ async def _one_start(model: str | None, engine_args: dict) -> tuple[float, float
 
 
 def _settle(engine, quiet_s: float = 1.0, timeout_s: float = 300.0) -> None:
-    """Wait until the engine has no child process (a decode graph's compile, `vx.gpu.aoti_graphs`) and has used no
-    CPU for `quiet_s` (the graph loaded, or compiled in-process); at most `timeout_s`."""
+    """Wait until the engine has no child process (a decode graph's compile, `vx.gpu.graphs.aoti_cache`) and has
+    used no CPU for `quiet_s` (the graph loaded, or compiled in-process); at most `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     busy = sum(engine.cpu_times()[:2])
     while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # runs many processes at once, so it keeps them sleeping at once (no GOMP_SPINCOUNT: vx's bounded spin stays off).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Every engine the suite starts would otherwise compile its decode graph in the background (tens of seconds of CPU
-# each): the compiled path has its own tests (tests/gpu/test_decode_graphs.py), which turn it back on.
+# each): the compiled path has its own tests (tests/gpu/graphs/), which turn it back on.
 os.environ.setdefault("VX_DECODE_COMPILE", "off")
 
 

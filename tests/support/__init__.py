@@ -19,5 +19,7 @@
   float twin with the dequantized weights;
 - `vx_outputs`: a model directory loaded as the engine resolves it, its prefill logits, its greedy tokens through
   `vx.LLM`, and the bytes its linear layers' weights take;
-- `registry_scan`: the collection literals of vx's source that list a registry's names outside the registry.
+- `registry_scan`: the collection literals of vx's source that list a registry's names outside the registry;
+- `decode_graphs`: engines with decode graphs: their prompts, Hugging Face's greedy tokens for them, vx's in this
+  process or in an engine process of its own.
 """

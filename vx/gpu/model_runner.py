@@ -10,11 +10,8 @@ import torch
 from vx.config import VxConfig, checkpoint_quantization_config, hf_kv_cache_dims
 from vx.distributed import ParallelGroups
 from vx.gpu.attention import get_attn_backend
-from vx import envs
 from vx.gpu.attention.backend import CommonAttentionMetadata
-from vx.gpu.aoti_graphs import AotiGraphs, inductor_fallback
-from vx.gpu.decode_graphs import DecodeGraphs, decode_forward, capture_sizes
-from vx.gpu.graph_capture import own_copy
+from vx.gpu.graphs import DecodeGraphs, build_decode_graphs
 from vx.gpu.grammar_bitmask import apply_grammar_bitmask
 from vx.gpu.input_batch import CachedRequestState, InputBatch, StepInputs
 from vx.gpu.kv_cache import attention_layers, bind_kv_caches, bytes_per_block, layers_bytes_per_block
@@ -91,33 +88,9 @@ class ModelRunner:
         self.num_kv_blocks = num_blocks
         self.kv_caches = bind_kv_caches(self.model, self.attn_backend, num_blocks, self.block_size,
                                         self.dtype, self.device, self.kv_cache_dtype, groups)
-        self._init_decode_graphs()
-
-    def _init_decode_graphs(self) -> None:
-        """Decode graphs (compiled on the CPU, CUDA graphs on CUDA), unless `enforce_eager` or the attention backend
-        cannot run inside one."""
-        when = envs.VX_DECODE_COMPILE.get()
-        if when not in ("background", "startup", "off"):
-            raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
-        # A rank of several runs eagerly: its collectives and stage transfers are not captured in a graph yet.
-        if (self.config.device_config.enforce_eager or when == "off" or self.groups is not None
-                or not getattr(self.model, "supports_decode_graphs", True)
-                or not self.attn_backend.supports_decode_graphs(self.device.type)):
-            return
-        max_blocks = -(-self.model_config.max_model_len // self.block_size)
-        max_num_seqs = self.config.scheduler_config.max_num_seqs
-        capture = None
-        if self.device.type == "cpu" and envs.VX_DECODE_GRAPHS.get() == "aoti":
-            forward = own_copy(decode_forward, f"decode_forward_{id(self):x}")
-            capture = AotiGraphs(self.model, self.config, self.num_kv_blocks, self.kv_cache_groups, max_blocks,
-                                 inductor_fallback(forward, len(capture_sizes(max_num_seqs, "cpu"))))
-        self.decode_graphs = DecodeGraphs(self.model, max_num_seqs, max_blocks, self.device, capture=capture,
-                                          num_kv_cache_groups=max(1, len(self.kv_cache_groups)))
-        # A CUDA capture takes milliseconds and must not overlap eager steps: always before serving.
-        if when == "startup" or self.device.type == "cuda":
-            self.decode_graphs.compile_now()
-        else:
-            self.decode_graphs.compile_in_background(1)
+        # Decode graphs (compiled on the CPU, CUDA graphs on CUDA), unless this runner runs eagerly.
+        self.decode_graphs = build_decode_graphs(self.model, self.config, self.device, self.attn_backend,
+                                                 num_blocks, groups, several_ranks=self.groups is not None)
 
     def shutdown(self) -> None:
         """Stop the background decode compiler (it ends after the size it is compiling)."""

@@ -19,7 +19,7 @@ from vx.gpu.attention.registry import (ATTENTION_BACKEND_NAMES, AUTO, BACKENDS, 
 # Literals elsewhere whose strings only coincide with backend names: the MLA backend's own decode kernels, and the
 # parts of a compiled-graph cache key (torch's version, the CPU's identity).
 _COINCIDENCES = {("vx/gpu/attention/mla_backend.py", frozenset({"torch", "triton"})),
-                 ("vx/gpu/aoti_graphs.py", frozenset({"torch", "cpu"}))}
+                 ("vx/gpu/graphs/aoti_cache.py", frozenset({"torch", "cpu"}))}
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)

@@ -42,7 +42,7 @@ class CommonAttentionMetadata:
 
 @dataclass
 class DecodeGraphMetadata:
-    """A decode-only step's attention inputs as tensors only, for a compiled decode graph (`vx.gpu.decode_graphs`).
+    """A decode-only step's attention inputs as tensors only, for a compiled decode graph (`vx.gpu.graphs`).
 
     Row i is one request's single new token: its k/v go to slot_mapping[i], and it attends to the first
     seq_lens[i] tokens of its blocks block_table[i]. Padding rows write the null block's first slot and attend to

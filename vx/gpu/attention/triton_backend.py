@@ -17,7 +17,7 @@ codes and dequantizes them per tile (KV_KIND), so the cache is never expanded.
 Per step `build_metadata` keeps the shared index tensors; the (request, first query) list of the query
 tiles depends on the tile height, so it is built by the first layer and cached for the others.
 
-Inside a CUDA graph (`vx.gpu.decode_graphs`) a layer gets `DecodeGraphMetadata` instead: row i is request i's one
+Inside a CUDA graph (`vx.gpu.graphs`) a layer gets `DecodeGraphMetadata` instead: row i is request i's one
 query, so the query starts and tiles are aranges of the batch size, made once per size outside the capture (during
 its warm-up) and read in place by every replay; nothing on the way syncs with the host.
 """

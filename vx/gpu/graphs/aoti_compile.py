@@ -1,13 +1,14 @@
-"""The child process that AOT-compiles one CPU decode graph (`vx.gpu.aoti_graphs` runs it; never imported there).
+"""The child process that AOT-compiles one CPU decode graph (`vx.gpu.graphs.aoti_cache` runs it; the engine never
+imports it).
 
-    python -m vx.gpu.aoti_compile REQUEST.json
+    python -m vx.gpu.graphs.aoti_compile REQUEST.json
 
 It rebuilds the engine's model runner from the engine's own config (the same model file, dtype, quantization, KV
 cache blocks and groups: the graph bakes their shapes in), exports the decode forward at one padded batch size
 and compiles it with AOTInductor into a package without its weights: the engine hands it its own tensors (weights
-and KV caches) when it loads it. The compiler (torch._dynamo, torch._inductor: ~200 MiB resident) thus lives and
-dies here, never in the engine. Writes PACKAGE and its sidecar (`aoti_graphs.sidecar_path`) atomically, the
-sidecar last; exits non-zero on any failure.
+and KV caches) when it loads it. The compiler (torch._dynamo, torch._inductor, and their memory) thus lives
+and dies here, never in the engine. Writes PACKAGE and its sidecar (`aoti_cache.sidecar_path`) atomically,
+the sidecar last; exits non-zero on any failure.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def build_model(request: dict) -> tuple[torch.nn.Module, int]:
 
 def compile_package(request: dict) -> dict:
     """Export and AOT-compile the decode step of `request["size"]`; the sidecar's content."""
-    from vx.gpu.aoti_graphs import named_tensors
-    from vx.gpu.decode_graphs import DecodeBuffers
+    from vx.gpu.graphs.aoti_cache import describe, named_tensors
+    from vx.gpu.graphs.buffers import DecodeBuffers
 
     size = request["size"]
     model, num_groups = build_model(request)
@@ -142,11 +143,6 @@ def compile_package(request: dict) -> dict:
             "compile_s": round(seconds, 2)}
 
 
-def describe(tensor: torch.Tensor) -> list:
-    """What the package assumes of a constant: shape, strides, dtype (checked again when the engine loads it)."""
-    return [list(tensor.shape), list(tensor.stride()), str(tensor.dtype)]
-
-
 def _die_with_parent() -> None:
     """Linux: be killed when the engine's thread that started this process ends (an engine that exits, even
     killed, leaves no compile behind)."""
@@ -162,7 +158,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from vx.gpu.aoti_graphs import sidecar_path
+    from vx.gpu.graphs.aoti_cache import sidecar_path
 
     # Below the engine: a compile runs beside its steps on the same cores.
     os.nice(10)

@@ -1,9 +1,9 @@
-"""Compiled decode (vx.gpu.decode_graphs): which graph a step runs, its padding, its buffers, and that compiled and
-eager decode give Hugging Face's greedy tokens."""
+"""Compiled decode (vx.gpu.graphs.decode_graphs): compiled and eager decode give Hugging Face's greedy tokens, a
+size compiles in the background only once needed and the engine is idle, and shutting down stops the compiler."""
 
 from __future__ import annotations
 
-import random
+import shutil
 import threading
 import time
 
@@ -11,85 +11,8 @@ import pytest
 import torch
 
 import vx
-from vx.gpu.decode_graphs import PADDING_SLOT, DecodeBuffers, bucket_for, capture_sizes
-
-MAX_NEW = 20
-
-
-def test_capture_sizes_cover_max_num_seqs():
-    assert capture_sizes(64, "cpu") == [1, 2, 4, 8, 16, 32, 64]
-    assert capture_sizes(48, "cpu") == [1, 2, 4, 8, 16, 32, 48]
-    assert capture_sizes(1, "cpu") == [1]
-    assert capture_sizes(40, "cuda") == [1, 2, 4, 8, 16, 24, 32, 40]
-    assert capture_sizes(3, "cuda") == [1, 2, 3]
-    with pytest.raises(ValueError):
-        capture_sizes(0, "cpu")
-
-
-def test_bucket_is_the_smallest_size_that_holds_the_batch():
-    sizes = [1, 2, 4, 8]
-    assert [bucket_for(sizes, n) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
-    assert bucket_for(sizes, 9) is None
-
-
-def test_buffers_pad_rows_past_the_batch_and_are_reused():
-    buffers = DecodeBuffers.allocate(8, 6, torch.device("cpu"))
-    pointers = [t.data_ptr() for t in (buffers.input_ids, buffers.slot_mapping, buffers.block_table)]
-    for n, size in ((3, 4), (1, 1), (5, 8)):
-        ids = torch.arange(10, 10 + n)
-        block_table = torch.arange(1, 1 + 2 * n, dtype=torch.int32).view(n, 2)
-        buffers.fill(ids, ids + 100, [ids + 1000], [block_table], torch.full((n,), 17, dtype=torch.int32), size)
-        md = buffers.metadata(size)
-        assert md.slot_mapping.shape == (size,) and md.block_table.shape == (size, 6)
-        assert buffers.input_ids[:n].tolist() == ids.tolist()
-        assert md.slot_mapping[:n].tolist() == (ids + 1000).tolist()
-        assert md.block_table[:n, :2].tolist() == block_table.tolist()
-        # Padding rows: token 0 at position 0, writing and reading the null block's first slot only.
-        assert md.slot_mapping[n:].tolist() == [PADDING_SLOT] * (size - n)
-        assert md.seq_lens[n:].tolist() == [1] * (size - n)
-        assert md.block_table[n:, 0].tolist() == [0] * (size - n)
-        assert buffers.input_ids[n:size].tolist() == [0] * (size - n)
-        assert buffers.positions[n:size].tolist() == [0] * (size - n)
-    assert [t.data_ptr() for t in (buffers.input_ids, buffers.slot_mapping, buffers.block_table)] == pointers
-
-
-def _prompts(vocab: int) -> list[list[int]]:
-    rng = random.Random(7)
-    shared = [rng.randrange(1, vocab) for _ in range(20)]
-    prompts = [[rng.randrange(1, vocab) for _ in range(n)] for n in (1, 5, 12, 30)]
-    return prompts + [shared + [rng.randrange(1, vocab) for _ in range(k)] for k in (3, 9)] + [list(shared)]
-
-
-def _hf_greedy(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outs = []
-    for p in prompts:
-        with torch.no_grad():
-            gen = model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                 attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        outs.append(gen[0, len(p):].tolist())
-    return outs
-
-
-def _runner(llm: vx.LLM):
-    return llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
-
-
-def _vx_greedy(model: str, prompts: list[list[int]], preemptions: list[int] | None = None,
-               **engine_args) -> tuple[list[list[int]], dict[int, int]]:
-    """Greedy tokens and the decode steps each graph size served; the scheduler's preemptions appended to
-    `preemptions` if given."""
-    llm = vx.LLM(model, dtype="float32", device="cpu", max_num_seqs=4, **engine_args)
-    try:
-        outs = llm.generate(prompts, vx.SamplingParams(temperature=0.0, max_tokens=MAX_NEW), use_tqdm=False)
-        graphs = _runner(llm).decode_graphs
-        if preemptions is not None:
-            preemptions.append(llm.llm_engine.engine_core.engine_core.scheduler.num_preemptions)
-        return [o.outputs[0].token_ids for o in outs], {} if graphs is None else dict(graphs.steps_run)
-    finally:
-        llm.shutdown()
+from tests.support.decode_graphs import TINY_KV_BLOCKS, greedy_prompts, hf_greedy, runner, vx_greedy
+from vx.gpu.graphs.decode_graphs import IDLE_BEFORE_COMPILE_S, DecodeGraphs
 
 
 @pytest.mark.slow
@@ -100,7 +23,7 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
     requests, of 3 (the graph of 4 with a padding row), of 2 and 1, next to prefill and mixed steps that stay
     eager, and preemptions (their prompts computed again). GGUF weights on the C kernel's int8-activation path (x rounded to int8 per group: near-tied tokens
     may differ from HF's): the compiled graphs still give eager's tokens exactly, since each row's product depends on
-    that row alone. (GGUF weights on the exact float path against HF: test_aoti_graphs.py, which serves them from an
+    that row alone. (GGUF weights on the exact float path against HF: test_aoti_loader.py, which serves them from an
     engine process of its own; each size's compile costs seconds, so no test compiles one twice for the same check.)"""
     if weights == "float":
         model, reference_dir = tiny_model_dirs["llama"], tiny_model_dirs["llama"]
@@ -114,13 +37,13 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
         if kernel is None or 4 not in kernel.i8_bits:
             pytest.skip("no int8-activation path for 4-bit weights here")
     monkeypatch.setenv("VX_CPU_MATMUL", "int8" if weights == "gguf-q4_1-int8" else "float")
-    prompts = _prompts(300)  # within every tiny model's vocabulary
-    eager, eager_steps = _vx_greedy(model, prompts, enforce_eager=True)
-    want = eager if weights == "gguf-q4_1-int8" else _hf_greedy(reference_dir, prompts)
+    prompts = greedy_prompts(300)  # within every tiny model's vocabulary
+    eager, eager_steps = vx_greedy(model, prompts, enforce_eager=True)
+    want = eager if weights == "gguf-q4_1-int8" else hf_greedy(reference_dir, prompts)
     assert eager_steps == {}
     monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
     preemptions: list[int] = []
-    compiled, compiled_steps = _vx_greedy(model, prompts, preemptions, num_kv_blocks=12, block_size=8,
+    compiled, compiled_steps = vx_greedy(model, prompts, preemptions, num_kv_blocks=12, block_size=8,
                                           max_model_len=64)
     for i, w in enumerate(want):
         assert eager[i] == w, f"eager, prompt {i}"
@@ -129,28 +52,16 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
     assert preemptions[0] > 0
 
 
-def test_enforce_eager_and_off_compile_nothing(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("VX_DECODE_COMPILE", "background")
-    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", enforce_eager=True)
-    try:
-        assert _runner(llm).decode_graphs is None
-    finally:
-        llm.shutdown()
-    monkeypatch.setenv("VX_DECODE_COMPILE", "off")
-    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu")
-    try:
-        assert _runner(llm).decode_graphs is None
-    finally:
-        llm.shutdown()
-
-
-def test_steps_run_eagerly_until_their_size_is_compiled(tiny_model_dir, monkeypatch):
+def test_steps_run_eagerly_until_their_size_is_compiled(tiny_model_dir, tiny_package, monkeypatch, tmp_path):
     """In the background mode, a decode step whose size has no graph yet runs eagerly and queues the size; mixed
-    steps never use a graph."""
+    steps never use a graph. (Size 1's package comes from `tiny_package`'s cache, the same key: only size 2 is
+    compiled here.)"""
+    shutil.copytree(tiny_package[0], tmp_path, dirs_exist_ok=True)
+    monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("VX_DECODE_COMPILE", "background")
-    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=4)
+    llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=4, num_kv_blocks=TINY_KV_BLOCKS)
     try:
-        graphs = _runner(llm).decode_graphs
+        graphs = runner(llm).decode_graphs
         assert graphs is not None and graphs.sizes == [1, 2, 4]
         assert graphs.wait(timeout=600)  # size 1, queued at start-up
         assert graphs.ready_sizes == [1]
@@ -184,8 +95,6 @@ def test_shutdown_waits_for_the_compile_in_progress_and_drops_the_queued_ones():
     exception", seen in 1 of 2 runs of a benchmark that shut an engine down and exited while size 1 compiled):
     shutdown drops the sizes still queued at once, and `wait=True` (what the exit does) waits for the one being
     compiled."""
-    from vx.gpu.decode_graphs import DecodeGraphs
-
     capture = _SlowBuild(0.5)
     graphs = DecodeGraphs(torch.nn.Identity(), 8, 4, torch.device("cpu"), capture=capture)
     for size in (1, 2, 4):
@@ -207,8 +116,6 @@ def test_the_compile_thread_ends_when_nothing_is_queued():
     """A thread that ran torch's parallel ops keeps an OpenMP team while it lives, and more OpenMP threads than
     cores stop libgomp's spinning for every step after: so the compiler's thread ends once its queue is empty,
     and a size needed later starts another."""
-    from vx.gpu.decode_graphs import DecodeGraphs
-
     capture = _SlowBuild(0.05)
     graphs = DecodeGraphs(torch.nn.Identity(), 8, 4, torch.device("cpu"), capture=capture)
     for size in (1, 2):
@@ -227,8 +134,6 @@ def test_the_compile_thread_ends_when_nothing_is_queued():
 def test_a_queued_size_compiles_only_once_the_engine_is_idle():
     """A compile beside busy steps holds the GIL and slows them for its tens of seconds: a queued size waits until
     no step has run for IDLE_BEFORE_COMPILE_S; shut down while waiting, it never compiles."""
-    from vx.gpu.decode_graphs import IDLE_BEFORE_COMPILE_S, DecodeGraphs
-
     capture = _SlowBuild(0.01)
     graphs = DecodeGraphs(torch.nn.Identity(), 8, 4, torch.device("cpu"), capture=capture)
     with graphs.step():
@@ -242,9 +147,3 @@ def test_a_queued_size_compiles_only_once_the_engine_is_idle():
         graphs.compile_in_background(4)
     graphs.shutdown(wait=True)  # while 4 waits for idle time: the waiting thread ends, nothing compiles
     assert capture.started == [2] and graphs._compiler.thread is None
-
-
-def test_invalid_decode_compile_setting_is_refused(tiny_model_dir, monkeypatch):
-    monkeypatch.setenv("VX_DECODE_COMPILE", "sometimes")
-    with pytest.raises(Exception, match="VX_DECODE_COMPILE"):
-        vx.LLM(tiny_model_dir, dtype="float32", device="cpu")

@@ -1,4 +1,4 @@
-"""CUDA-graph decode's logic on the CPU (vx.gpu.graph_capture.CudaGraphs with a stand-in for the capture): warm-up
+"""CUDA-graph decode's logic on the CPU (vx.gpu.graphs.cuda.CudaGraphs with a stand-in for the capture): warm-up
 before capture, one graph per size, replays that read the persistent buffers where they are and rewrite one output
 tensor, and, through a whole engine, greedy tokens equal to eager decode with padded sizes and mixed steps eager.
 
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import vx
-import vx.gpu.decode_graphs as decode_graphs
-from vx.gpu.graph_capture import CudaGraphs
+from tests.support.decode_graphs import runner
+from vx.gpu.graphs import build
+from vx.gpu.graphs.cuda import CudaGraphs
 
 
 class StandInCapture:
@@ -74,15 +75,14 @@ def test_engine_with_captured_graphs_gives_eager_greedy_tokens(tiny_model_dirs, 
         llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=4, **engine_args)
         try:
             outs = llm.generate(prompts, params, use_tqdm=False)
-            runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
-            graphs = runner.decode_graphs
+            graphs = runner(llm).decode_graphs
             return [o.outputs[0].token_ids for o in outs], graphs
         finally:
             llm.shutdown()
 
     want, _ = run(enforce_eager=True)
     capture = StandInCapture()
-    monkeypatch.setattr(decode_graphs, "InductorGraphs", lambda forward, num_sizes: CudaGraphs(forward, capture))
+    monkeypatch.setattr(build, "InductorGraphs", lambda forward, num_sizes: CudaGraphs(forward, capture))
     monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
     monkeypatch.setenv("VX_DECODE_GRAPHS", "inductor")  # the stand-in replaces the in-process capture
     got, graphs = run()
