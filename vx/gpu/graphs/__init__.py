@@ -6,8 +6,7 @@ load when first asked for.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vx.class_path import lazy_names
 
 _LAZY = {
     "DecodeGraphs": "vx.gpu.graphs.decode_graphs",
@@ -16,8 +15,4 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'vx.gpu.graphs' has no attribute {name!r}")
-    return getattr(importlib.import_module(_LAZY[name]), name)
+__getattr__ = lazy_names(__name__, _LAZY)
