@@ -1,0 +1,134 @@
+"""The GGUF as-stored matmul (vx/kernels/csrc/gguf_kquant.c) against gguf's own dequantization.
+
+The kernel rounds x to int8 per block of QB values (256 for the K types, 32 for Q4_0 and Q8_0): x[k] becomes
+dx * xq[k] with dx = max |x[block]| / 127 and xq = round(x / dx), off by at most dx / 2 = max |x[block]| / 254.
+So against the float32 reference x @ W^T (W from gguf.quants.dequantize) a product may be off by
+    sum over blocks b of (max |x[m, b]| / 254) * sum_{k in b} |W[n, k]|
+plus float32 rounding; a wrong weight, scale or block is off by the size of the product itself. The same rounding of
+x done here in torch gives x_hat, and the kernel must equal x_hat @ W^T up to float32 rounding alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+from vx.models.layers.quantization.gguf_blocks import unpack
+
+T = GGMLQuantizationType
+# The byte offsets of each type's float16 scales, and a size for them that keeps weights around 0.01-1.
+_F16_FIELDS = {T.Q4_0: ((0, 0.01),), T.Q8_0: ((0, 0.005),), T.Q4_K: ((0, 0.002), (2, 0.004)),
+               T.Q5_K: ((0, 0.001), (2, 0.004)), T.Q6_K: ((208, 0.0002),)}
+_ACT_BLOCK = {T.Q4_0: 32, T.Q8_0: 32, T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256}
+# Float32 rounding of the per-block products and their sum, relative to the sum of the terms' magnitudes (a few
+# roundings per block; the blocks here are few): far below an int8 step and far below a wrong weight.
+_FLOAT_SLACK = 64 * 2.0**-24
+
+
+def random_blocks(ggml_type: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """n rows of random GGML blocks for k weights each: random bytes (every bit pattern is a valid weight) with
+    small positive finite float16 scales."""
+    block, size = GGML_QUANT_SIZES[T(ggml_type)]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
+    for at, scale in _F16_FIELDS[ggml_type]:
+        d = (rng.random((n, k // block)) * scale + scale / 4).astype(np.float16)
+        raw[..., at:at + 2] = d.view(np.uint8).reshape(n, k // block, 2)
+    return torch.from_numpy(raw.reshape(n, -1))
+
+
+def round_like_kernel(x: torch.Tensor, qb: int) -> torch.Tensor:
+    """x rounded to int8 per block of qb as the kernel rounds it (float32 arithmetic, ties to even), as floats."""
+    xb = x.view(x.shape[0], -1, qb)
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    return (torch.round(xb * inv) * (amax / 127.0)).view_as(x)
+
+
+def int8_bound(x: torch.Tensor, w: torch.Tensor, qb: int) -> torch.Tensor:
+    """[M, N]: sum over x's blocks of max |x[block]| / 254 times the block's sum of |W[n, k]| (see the module)."""
+    step = x.view(x.shape[0], -1, qb).abs().amax(dim=-1).double() / 254  # [M, blocks]
+    wsum = w.double().abs().view(w.shape[0], -1, qb).sum(dim=-1)  # [N, blocks]
+    return step @ wsum.T
+
+
+def magnitude(x: torch.Tensor, raw: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """[M, N]: |x| times the magnitudes of the terms the kernel sums (q * scale, a weight's offset and minimum)."""
+    g = unpack(raw, ggml_type)
+    n, k = g.q.shape
+    groups = g.q.double().abs().view(n, -1, g.group_size) + 64  # 64: more than any offset taken off q
+    terms = (groups * g.scale.double().abs()[..., None] + g.zero.double().abs()[..., None]).view(n, k)
+    return x.double().abs() @ terms.T
+
+
+def check(kernel, ggml_type: int, m: int, n: int, k: int, seed: int, threads: int | None = None) -> None:
+    raw = random_blocks(ggml_type, n, k, seed)
+    w = torch.from_numpy(gguf_dequantize(raw.numpy(), ggml_type)).view(n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1))
+    y = kernel.matmul(x, raw, ggml_type, threads=threads)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    qb = _ACT_BLOCK[ggml_type]
+    # Against the reference: within the int8 rounding bound (plus float32 rounding).
+    ref = x @ w.T
+    err = (y.double() - ref.double()).abs()
+    bound = int8_bound(x, w, qb) + _FLOAT_SLACK * magnitude(x, raw, ggml_type)
+    assert (err <= bound).all(), f"error {err.max():.3e} above the int8 bound (worst excess {(err - bound).max():.3e})"
+    # Against x rounded the same way: float32 rounding alone, so the bound above is not hiding a wrong term.
+    exact = round_like_kernel(x, qb).double() @ w.double().T
+    err = (y.double() - exact).abs()
+    assert (err <= _FLOAT_SLACK * magnitude(x, raw, ggml_type)).all(), f"error {err.max():.3e} beyond float rounding"
+
+
+_TYPES = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_K]
+
+
+def _k_for(ggml_type: int, blocks: int) -> int:
+    return GGML_QUANT_SIZES[T(ggml_type)][0] * blocks
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["vnni", "avx2"])
+def kernel(request):
+    """Both builds: the CPU's (VNNI where it has it) and one without VNNI (AVX2's instructions)."""
+    k = load_gguf_matmul_kernel(vnni=request.param)
+    if k is None or not k.types:
+        pytest.skip("the GGUF matmul kernel does not build here (no compiler or no AVX2)")
+    return k
+
+
+@pytest.mark.parametrize("ggml_type", _TYPES, ids=lambda t: T(t).name)
+@pytest.mark.parametrize("m", [1, 6])
+def test_matches_gguf_dequantize(kernel, ggml_type: int, m: int) -> None:
+    check(kernel, ggml_type, m, n=37, k=_k_for(ggml_type, 3), seed=int(ggml_type) * 10 + m)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: T(t).name)
+def test_two_threads_odd_rows(kernel, ggml_type: int) -> None:
+    """Rows that do not split evenly over the threads, and rows of x in a tile of 4 plus a rest."""
+    check(kernel, ggml_type, m=7, n=19, k=_k_for(ggml_type, 2), seed=5, threads=2)
+
+
+def test_many_rows_span_chunks(kernel) -> None:
+    """More rows of x than one cache chunk holds (512 KiB of int8 x / K): chunk boundaries are seamless."""
+    k = _k_for(T.Q4_K, 16)  # 4096: chunks of 128 rows
+    check(kernel, T.Q4_K, m=131, n=5, k=k, seed=9)
+
+
+def test_vnni_flag_and_types() -> None:
+    """The build without VNNI says so, and both serve the five types."""
+    plain = load_gguf_matmul_kernel(vnni=False)
+    if plain is None:
+        pytest.skip("the GGUF matmul kernel does not build here")
+    assert not plain.vnni
+    assert {T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K} <= plain.types or not plain.types
+
+
+def test_rejects_a_type_it_does_not_serve() -> None:
+    k = load_gguf_matmul_kernel()
+    if k is None or not k.types:
+        pytest.skip("the GGUF matmul kernel does not build here")
+    with pytest.raises(ValueError):
+        k.matmul(torch.zeros(1, 32), torch.zeros(2, 20, dtype=torch.uint8), int(T.Q4_1))

@@ -1,0 +1,369 @@
+/* Matmuls that read GGUF blocks as the file stores them: y[m, n] = sum_k x[m, k] * W[n, k], each row of W a run of
+ * GGUF blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), with x rounded to int8 first so that the products are integer dot
+ * products. No repacking: a decode step reads exactly the file's bytes for its weights.
+ *
+ * Activations. Each row of x is rounded to int8 per block of QB values (QB = 256 for the K types, as llama.cpp's
+ * q8_K; 32 for Q4_0 and Q8_0, as its q8_0): dx = max |x[block]| / 127, xq = round-to-nearest(x / dx), so each
+ * element is off by at most dx / 2. The sums of xq per 16 values are kept beside (int16: |sum| <= 16 * 127) for
+ * the terms a block's offset or minimum adds (Q4_0's -8, Q4_K's and Q5_K's -dmin * m, Q6_K's -32).
+ *
+ * Block layouts (GGML's; vx/models/layers/quantization/gguf_blocks.py unpacks the same in torch):
+ *   Q8_0 (34 B / 32):  f16 d, int8 q[32]                                   w = d * q
+ *   Q4_0 (18 B / 32):  f16 d, byte j holds weight j (low nibble), j + 16 (high)  w = d * (q - 8)
+ *   Q4_K (144 B / 256): f16 d, f16 dmin, 12 bytes of 6-bit scales sc[8] and minimums m[8], 128 bytes: run j
+ *                      (32 bytes) holds sub-block 2j in its low nibbles, 2j + 1 in its high ones
+ *                      w = d * sc[i / 32] * q - dmin * m[i / 32]
+ *   Q5_K (176 B / 256): as Q4_K, with 32 bytes of high bits before the nibbles: bit s of byte l is weight 32 s + l's
+ *   Q6_K (210 B / 256): 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 sc[16], f16 d (last)
+ *                      w = d * sc[i / 16] * (q - 32)
+ *
+ * Dot products in 256-bit vectors: maddubs (unsigned weight bytes x signed x bytes, pairs summed to int16: no
+ * saturation for 6-bit weights, 2 * 63 * 127 < 32767), then the sub-block scale enters as an int16 multiplier of
+ * those pairs (VNNI's vpdpwssd where the CPU has it, AVX2's madd + add otherwise) into int32 lanes; each block's
+ * int32 sum becomes float once, times d * dx. Q8_0 multiplies |q| by x with q's sign (vpdpbusd, or maddubs + madd).
+ * A build without VNNI (-mno-avx512vnni -mno-avxvnni) takes the AVX2 instructions; one without AVX2 serves nothing.
+ *
+ * Threads: one OpenMP team quantizes x's rows, then splits the weight's rows; x's rows go in chunks that stay in
+ * the cache while every weight row passes over them, a few rows at a time per weight block decoded.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+enum { T_Q4_0 = 2, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define DOT_VNNI 1
+#else
+#define DOT_VNNI 0
+#endif
+
+/* Rows of x per tile: each weight block is decoded once and multiplied by this many rows. */
+#define MT 4
+/* Bytes of int8 x per chunk of rows kept in the cache while all weight rows pass (about half an L2). */
+#define X_CHUNK_BYTES (512 * 1024)
+
+AI float f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+AI __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* acc + pairs (int16) times the int16 multipliers s, summed in pairs into int32 lanes. */
+AI __m256i dot_pairs(__m256i acc, __m256i pairs, __m256i s) {
+#if DOT_VNNI && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, pairs, s);
+#elif DOT_VNNI
+    return _mm256_dpwssd_avx_epi32(acc, pairs, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, s));
+#endif
+}
+
+/* The sums of four products u (unsigned bytes) * v (signed bytes) in each int32 lane; |u| <= 128. */
+AI __m256i dot_quads(__m256i u, __m256i v) {
+#if DOT_VNNI && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v);
+#elif DOT_VNNI
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, v);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
+#endif
+}
+
+AI float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* x's int8 form: xq [M][K], dx [M][K / QB], sums of xq per 16 [M][K / 16]. */
+typedef struct {
+    const int8_t *q;
+    const float *d;
+    const int16_t *s;
+    int64_t K, QB;
+} xrows;
+
+/* One row of x to int8 per block of QB (a multiple of 16), with the block steps and the sums per 16. */
+static void quantize_row(const float *x, int64_t K, int64_t QB, int8_t *xq, float *xd, int16_t *xs) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b * QB < K; b++) {
+        const float *xb = x + b * QB;
+        __m256 mx = _mm256_setzero_ps();
+        for (int64_t k = 0; k < QB; k += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xb + k), abs_mask));
+        float lanes[8], amax = 0.0f;
+        _mm256_storeu_ps(lanes, mx);
+        for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        for (int64_t k = 0; k < QB; k += 16) {
+            /* cvtps rounds to nearest (even) in the default rounding mode; |x * inv| <= 127 up to rounding */
+            const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + k), inv));
+            const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + k + 8), inv));
+            const __m256i s = _mm256_add_epi32(a, c);
+            __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            t = _mm_hadd_epi32(t, t);
+            t = _mm_hadd_epi32(t, t);
+            xs[(b * QB + k) / 16] = (int16_t)_mm_cvtsi128_si32(t);
+            const __m128i lo = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+            const __m128i hi = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+            _mm_storeu_si128((__m128i *)(xq + b * QB + k), _mm_packs_epi16(lo, hi));
+        }
+        xd[b] = amax / 127.0f;
+    }
+}
+
+/* Q4_K / Q5_K: the 8 sub-blocks' 6-bit scales and minimums out of their 12 bytes. */
+AI void k_scales(const uint8_t *p, int16_t sc[8], int16_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = p[j] & 63;
+        mn[j] = p[j + 4] & 63;
+        sc[j + 4] = (p[j + 8] & 15) | ((p[j] >> 6) << 4);
+        mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
+    }
+}
+
+/* Each tile function adds to y[r] (r < R) the products of one weight row's blocks with R rows of x. */
+
+AI void tile_q4_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc[MT];
+    float corr[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144) {
+        int16_t sc[8], mn[8];
+        k_scales(w + 4, sc, mn);
+        const float d = f16(w), dmin = f16(w + 2);
+        __m256i ia[MT];
+        for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = load32(w + 16 + 32 * j);
+            const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            const __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x->q + (m0 + r) * x->K + b * 256 + 64 * j;
+                ia[r] = dot_pairs(ia[r], _mm256_maddubs_epi16(lo, load32(xq)), s0);
+                ia[r] = dot_pairs(ia[r], _mm256_maddubs_epi16(hi, load32(xq + 32)), s1);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = x->d[(m0 + r) * (x->K / 256) + b];
+            const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
+            int32_t msum = 0;
+            for (int j = 0; j < 8; j++) msum += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
+            corr[r] += dmin * dx * (float)msum;
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+}
+
+AI void tile_q5_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256 acc[MT];
+    float corr[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 176) {
+        int16_t sc[8], mn[8];
+        k_scales(w + 4, sc, mn);
+        const float d = f16(w), dmin = f16(w + 2);
+        const __m256i qh = load32(w + 16);
+        __m256i ia[MT];
+        for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = load32(w + 48 + 32 * j);
+            /* bit 2j (2j + 1) of each qh byte is the fifth bit of sub-block 2j's (2j + 1's) weight */
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low), h0);
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), h1);
+            const __m256i s0 = _mm256_set1_epi16(sc[2 * j]), s1 = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x->q + (m0 + r) * x->K + b * 256 + 64 * j;
+                ia[r] = dot_pairs(ia[r], _mm256_maddubs_epi16(lo, load32(xq)), s0);
+                ia[r] = dot_pairs(ia[r], _mm256_maddubs_epi16(hi, load32(xq + 32)), s1);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = x->d[(m0 + r) * (x->K / 256) + b];
+            const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
+            int32_t msum = 0;
+            for (int j = 0; j < 8; j++) msum += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
+            corr[r] += dmin * dx * (float)msum;
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+}
+
+AI void tile_q6_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(0x30);
+    __m256 acc[MT];
+    float corr[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = f16(w + 208);
+        __m256i ia[MT];
+        for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i a = load32(w + 64 * h), c = load32(w + 64 * h + 32), qh = load32(w + 128 + 32 * h);
+            /* four runs of 32 weights: low nibbles of a, of c, high nibbles of a, of c; their 2 high bits are
+             * bits 0-1, 2-3, 4-5, 6-7 of qh, moved to bits 4-5 */
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two));
+            q[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(qh, two));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low),
+                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), two));
+            for (int i = 0; i < 4; i++) {
+                const int g = 8 * h + 2 * i; /* the run's two groups of 16 */
+                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xq = x->q + (m0 + r) * x->K + b * 256 + 128 * h + 32 * i;
+                    ia[r] = dot_pairs(ia[r], _mm256_maddubs_epi16(q[i], load32(xq)), s);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = x->d[(m0 + r) * (x->K / 256) + b];
+            const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
+            int32_t ssum = 0;
+            for (int g = 0; g < 16; g++) ssum += sc[g] * xs[g];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
+            corr[r] += 32.0f * d * dx * (float)ssum;
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+}
+
+AI void tile_q8_0(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    __m256 acc[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 34) {
+        const __m256i q = load32(w + 2), u = _mm256_sign_epi8(q, q); /* |q|: 128 for -128, as unsigned */
+        const float d = f16(w);
+        for (int r = 0; r < R; r++) {
+            const __m256i v = _mm256_sign_epi8(load32(x->q + (m0 + r) * x->K + b * 32), q);
+            const float dx = x->d[(m0 + r) * (x->K / 32) + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_quads(u, v)), _mm256_set1_ps(d * dx), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
+}
+
+AI void tile_q4_0(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    const __m128i low = _mm_set1_epi8(15);
+    __m256 acc[MT];
+    float corr[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 18) {
+        const __m128i p = _mm_loadu_si128((const __m128i *)(w + 2));
+        const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(p, 4), low), _mm_and_si128(p, low));
+        const float d = f16(w);
+        for (int r = 0; r < R; r++) {
+            const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 2;
+            const float dx = x->d[(m0 + r) * (x->K / 32) + b];
+            const __m256i dot = dot_quads(q, load32(x->q + (m0 + r) * x->K + b * 32));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * dx), acc[r]);
+            corr[r] += 8.0f * d * dx * (float)(xs[0] + xs[1]); /* every weight's offset of 8 */
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+}
+
+/* The weight's block of `bw` bytes and `bk` weights, and the activations' block (QB) it takes. */
+static int block_of(int type, int64_t *bw, int64_t *bk, int64_t *qb) {
+    switch (type) {
+        case T_Q4_0: *bw = 18, *bk = 32, *qb = 32; return 0;
+        case T_Q8_0: *bw = 34, *bk = 32, *qb = 32; return 0;
+        case T_Q4_K: *bw = 144, *bk = 256, *qb = 256; return 0;
+        case T_Q5_K: *bw = 176, *bk = 256, *qb = 256; return 0;
+        case T_Q6_K: *bw = 210, *bk = 256, *qb = 256; return 0;
+        default: return -1;
+    }
+}
+
+/* y[m0 .. m0 + rows, n] for one weight row, in tiles of MT rows of x (constant R in each call, specialised). */
+#define ROWS_OF(fn)                                                                                      \
+    static void rows_##fn(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, int64_t rows, float *out, \
+                          int64_t ldy) {                                                                 \
+        float t[MT];                                                                                     \
+        int64_t m = 0;                                                                                   \
+        for (; m + MT <= rows; m += MT) {                                                                \
+            fn(w, nb, x, m0 + m, MT, t);                                                                 \
+            for (int r = 0; r < MT; r++) out[(m + r) * ldy] = t[r];                                      \
+        }                                                                                                \
+        const int rest = (int)(rows - m);                                                                \
+        if (rest == 1) fn(w, nb, x, m0 + m, 1, t);                                                       \
+        else if (rest == 2) fn(w, nb, x, m0 + m, 2, t);                                                  \
+        else if (rest == 3) fn(w, nb, x, m0 + m, 3, t);                                                  \
+        for (int r = 0; r < rest; r++) out[(m + r) * ldy] = t[r];                                        \
+    }
+ROWS_OF(tile_q4_0)
+ROWS_OF(tile_q8_0)
+ROWS_OF(tile_q4_k)
+ROWS_OF(tile_q5_k)
+ROWS_OF(tile_q6_k)
+#undef ROWS_OF
+
+int vx_gguf_types(void) { return (1 << T_Q4_0) | (1 << T_Q8_0) | (1 << T_Q4_K) | (1 << T_Q5_K) | (1 << T_Q6_K); }
+int vx_gguf_vnni(void) { return DOT_VNNI; }
+
+/* y[M, N] (row stride ldy) = x[M, K] @ W^T for W's N rows of GGML `type` blocks, row r at w + r * ldw bytes.
+ * Returns 0, -1 for an unserved type or bad sizes, -2 when the activations' scratch cannot be allocated. */
+int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t ldw, int type, int64_t N,
+                       float *y, int64_t ldy, int nthreads) {
+    int64_t bw, bk, qb;
+    if (block_of(type, &bw, &bk, &qb) || M < 0 || N < 0 || K <= 0 || K % bk || ldw < K / bk * bw || ldy < N)
+        return -1;
+    if (M == 0 || N == 0) return 0;
+    char *scratch = malloc(M * K + M * (K / qb) * sizeof(float) + M * (K / 16) * sizeof(int16_t));
+    if (!scratch) return -2;
+    float *xd = (float *)scratch;
+    int16_t *xs = (int16_t *)(xd + M * (K / qb));
+    int8_t *xq = (int8_t *)(xs + M * (K / 16));
+    const xrows xr = {xq, xd, xs, K, qb};
+    const int64_t nb = K / bk;
+    int64_t chunk = X_CHUNK_BYTES / K;
+    chunk = chunk < MT ? MT : chunk - chunk % MT;
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, qb, xq + m * K, xd + m * (K / qb), xs + m * (K / 16));
+        for (int64_t m0 = 0; m0 < M; m0 += chunk) {
+            const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N; n++) {
+                const uint8_t *wn = w + n * ldw;
+                float *out = y + m0 * ldy + n;
+                switch (type) {
+                    case T_Q4_0: rows_tile_q4_0(wn, nb, &xr, m0, rows, out, ldy); break;
+                    case T_Q8_0: rows_tile_q8_0(wn, nb, &xr, m0, rows, out, ldy); break;
+                    case T_Q4_K: rows_tile_q4_k(wn, nb, &xr, m0, rows, out, ldy); break;
+                    case T_Q5_K: rows_tile_q5_k(wn, nb, &xr, m0, rows, out, ldy); break;
+                    default: rows_tile_q6_k(wn, nb, &xr, m0, rows, out, ldy); break;
+                }
+            }
+        }
+    }
+    free(scratch);
+    return 0;
+}
+
+#else /* no AVX2: this build serves no type, and every GGUF weight keeps the repacked path */
+int vx_gguf_types(void) { return 0; }
+int vx_gguf_vnni(void) { return 0; }
+int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t ldw, int type, int64_t N,
+                       float *y, int64_t ldy, int nthreads) {
+    return -1;
+}
+#endif
