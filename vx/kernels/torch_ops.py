@@ -7,8 +7,8 @@ measured ~100 us a call here against ~6-10 us for a plain registration, and a de
 Eager code calls the kernels directly (no dispatcher at all); only traced code goes through these operators
 (`tracing(x)` tells which).
 
-This module registers the quantized matmul; the attention backend registers its decode operator
-(`vx.gpu.attention.cpu_kernels`) in the same `vx` namespace through `library()`.
+This module registers the quantized matmuls (repacked, and GGUF blocks as stored); the attention backend
+registers its decode operator (`vx.gpu.attention.cpu_kernels`) in the same `vx` namespace through `library()`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import functools
 
 import torch
 
+from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 from vx.kernels.quant_matmul import PackedQuantWeight, load_quant_matmul_kernel
 
 _SCHEMAS = (
     "quant_matmul(Tensor x, Tensor q, Tensor sz, int out_features, int group_size, int bits, bool int8_activations,"
     " bool amx) -> Tensor",
+    "gguf_matmul(Tensor x, Tensor blocks, int ggml_type) -> Tensor",
 )
 
 
@@ -39,6 +41,13 @@ def _quant_matmul(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor, out_featur
                                                    amx))
 
 
+def _gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    kernel = load_gguf_matmul_kernel()
+    if kernel is None:
+        raise RuntimeError("vx::gguf_matmul: the CPU GGUF matmul kernel is not available.")
+    return kernel.matmul(x, blocks, ggml_type)
+
+
 @functools.cache
 def library() -> torch.library.Library:
     """The `vx` operator namespace of this process, with the quantized matmul defined (once per process)."""
@@ -48,4 +57,6 @@ def library() -> torch.library.Library:
     lib.impl("quant_matmul", _quant_matmul, "CPU")
     lib.impl("quant_matmul", lambda x, q, sz, out_features, group_size, bits, int8_activations, amx:
              x.new_empty(x.shape[0], out_features), "Meta")
+    lib.impl("gguf_matmul", _gguf_matmul, "CPU")
+    lib.impl("gguf_matmul", lambda x, blocks, ggml_type: x.new_empty(x.shape[0], blocks.shape[0]), "Meta")
     return lib

@@ -338,7 +338,8 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, qb, xq + m * K, xd + m * (K / qb), xs + m * (K / 16));
+        for (int64_t m = 0; m < M; m++)
+            quantize_row(x + m * K, K, qb, xq + m * K, xd + m * (K / qb), xs + m * (K / 16));
         for (int64_t m0 = 0; m0 < M; m0 += chunk) {
             const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
 #pragma omp for schedule(static)

@@ -1,12 +1,14 @@
 """GGUF weights kept quantized: each linear layer, the token embedding and the LM head take a GGUF tensor's raw
-blocks as the file holds them and repack them once into the kernels of kernels.py.
+blocks as the file holds them and either keep them as they are for the as-stored kernel (gguf_stored.py: on the
+CPU with int8 activations, for the types it serves) or repack them once into the kernels of kernels.py.
 
 A tensor's type is known only when it arrives (a Q4_K_M file mixes Q4_K and Q6_K, even within one fused qkv or
 gate_up layer), so a layer's parameters are placeholders: its loaders keep what arrives, per fused shard, and
 `process_weights_after_loading` cuts this rank's part and repacks it. Q4_0, Q4_1 and Q4_K become `Int4Groupwise`
 (groups of 32); Q8_0, Q5_0, Q5_1 and Q5_K `Int8Groupwise` (groups of 32), Q6_K `Int8Groupwise` (groups of 16);
 F32/F16/BF16 a float weight in the model dtype. Consecutive shards that land on the same kernel share one; a fused
-layer whose shards differ keeps one kernel per run of shards and concatenates their outputs.
+layer whose shards differ keeps one kernel per run of shards and concatenates their outputs. The as-stored kernel
+takes Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (a Q4_K_M file's weights all); the other types are repacked either way.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vx.models.layers.quantization.base_config import (EmbeddingMethodBase, Line
                                                        set_weight_attrs)
 from vx.models.layers.quantization.gguf_blocks import (FLOAT_TYPES, SUPPORTED_TYPES, GroupwiseInts, as_float,
                                                        row_bytes, type_name, unpack)
+from vx.models.layers.quantization.gguf_stored import RawBlocks, StoredGGUFWeight, stored_kernel_for
 from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise
 from vx.models.layers.vocab_embedding import ParallelLMHead
 
@@ -46,7 +49,8 @@ class FloatWeight:
         return F.linear(x, self.weight).to(out_dtype or x.dtype)
 
 
-Kernel = Union[Int4Groupwise, Int8Groupwise, FloatWeight]
+Kernel = Union[Int4Groupwise, Int8Groupwise, FloatWeight, StoredGGUFWeight]
+Part = Union[GroupwiseInts, torch.Tensor, RawBlocks]
 
 
 class GGUFConfig(QuantizationConfig):
@@ -158,13 +162,18 @@ def _rank_part(layer: nn.Module, raw: torch.Tensor, ggml_type: int, rows: int, f
     return raw
 
 
-def _run_key(part: GroupwiseInts | torch.Tensor) -> tuple:
+def _run_key(part: Part) -> tuple:
     """Which kernel a part lands on: parts with the same key share one."""
+    if isinstance(part, RawBlocks):
+        return ("stored", part.ggml_type)
     return ("float",) if isinstance(part, torch.Tensor) else (part.bits, part.group_size)
 
 
-def make_kernel(parts: list[GroupwiseInts | torch.Tensor], dtype: torch.dtype, device: torch.device) -> Kernel:
+def make_kernel(parts: list[Part], dtype: torch.dtype, device: torch.device) -> Kernel:
     """One kernel for shards of one kind, stacked along the output features; scales and zeros in `dtype`."""
+    if isinstance(parts[0], RawBlocks):
+        rows = parts[0].rows if len(parts) == 1 else torch.cat([p.rows for p in parts])
+        return StoredGGUFWeight(rows.to(device), parts[0].ggml_type, stored_kernel_for(parts[0].ggml_type, device))
     if isinstance(parts[0], torch.Tensor):
         return FloatWeight(torch.cat(parts).to(device=device, dtype=dtype))
     q = torch.cat([p.q for p in parts]).to(device)
@@ -174,8 +183,11 @@ def make_kernel(parts: list[GroupwiseInts | torch.Tensor], dtype: torch.dtype, d
     return kernel_cls(q, scale, zero, parts[0].group_size)
 
 
-def _unpacked(raw: torch.Tensor, ggml_type: int) -> GroupwiseInts | torch.Tensor:
-    """Integers for a quantized type, the float rows (float32) for a float one."""
+def _unpacked(raw: torch.Tensor, ggml_type: int, device: torch.device) -> Part:
+    """The raw rows themselves where the as-stored kernel takes them on `device`, else integers for a quantized
+    type, the float rows (float32) for a float one."""
+    if stored_kernel_for(ggml_type, device) is not None:
+        return RawBlocks(raw, ggml_type)
     return as_float(raw, ggml_type).float() if ggml_type in FLOAT_TYPES else unpack(raw, ggml_type)
 
 
@@ -195,11 +207,11 @@ class GGUFLinearMethod(LinearMethodBase):
         received: _Received = layer.__dict__.pop("gguf_received")
         device = layer.qweight.device
         kernels: list[Kernel] = []
-        run: list[GroupwiseInts | torch.Tensor] = []
+        run: list[Part] = []
         for shard_id, rows, full_rows, chunk in _shard_plan(layer):
             raw, ggml_type = received.take(shard_id)
             where = received.name if shard_id is None else f"{received.name} [{shard_id}]"
-            part = _unpacked(_rank_part(layer, raw, ggml_type, rows, full_rows, chunk, where), ggml_type)
+            part = _unpacked(_rank_part(layer, raw, ggml_type, rows, full_rows, chunk, where), ggml_type, device)
             if run and _run_key(run[0]) != _run_key(part):
                 kernels.append(make_kernel(run, self.params_dtype, device))
                 run = []
@@ -244,7 +256,9 @@ class GGUFEmbeddingMethod(EmbeddingMethodBase):
         if ggml_type in FLOAT_TYPES:
             layer.__dict__["gguf_table"] = as_float(rows, ggml_type).to(device=device, dtype=self.params_dtype)
             return
-        head = make_kernel([unpack(rows, ggml_type)], self.params_dtype, device) if layer.serves_lm_head else None
+        head = None
+        if layer.serves_lm_head:
+            head = make_kernel([_unpacked(rows, ggml_type, device)], self.params_dtype, device)
         if head is not None:
             layer.__dict__["gguf_head"] = head
         if isinstance(layer, ParallelLMHead) or getattr(head, "can_dequantize_rows", False):

@@ -1,0 +1,96 @@
+"""GGUF weights kept as stored (gguf_stored.py): which layers take the as-stored kernel, that a tied table looks its
+rows up exactly, that a traced graph reaches the kernel through its operator, and that a model's logits stay within
+the int8 rounding's reach of the float path's.
+
+Bound for the logits: both int8 paths round x, the repacked one per group of 32, the as-stored one per block of 256
+(K types) or 32 (Q4_0, Q8_0); a coarser block has a larger step (max |x| over more values), so the as-stored path's
+distance from the float logits is allowed 2x the repacked int8 path's (measured 1.0-1.25x on these models). The tiny
+models' peaked logits (|logit| ~15) move by 1-4 under either int8 path, more than their top-two gaps, so greedy
+tokens are not compared here; a wrong block or scale moves them by the logits' own size.
+The kernels' own bound against gguf's dequantization is checked per type in tests/kernels/test_gguf_kquant.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from tests.models.layers.quantization.test_gguf import _load, _logits
+from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+from vx.models.layers.quantization import gguf as gguf_method
+from vx.models.layers.quantization.gguf_stored import StoredGGUFWeight
+from vx.models.layers.quantization.kernels import Int4Groupwise, Int8Groupwise
+
+T = GGMLQuantizationType
+
+
+@pytest.fixture(autouse=True)
+def int8_activations(monkeypatch):
+    """The as-stored kernel serves int8 activations only (this package's conftest sets `float` for the others)."""
+    kernel = load_gguf_matmul_kernel()
+    if kernel is None or not kernel.types:
+        pytest.skip("the GGUF matmul kernel does not build here")
+    monkeypatch.setenv("VX_CPU_MATMUL", "int8")
+
+
+def _repacked(monkeypatch):
+    """Make the loader repack every type (the int8 path of kernels.py), as before the as-stored kernel."""
+    monkeypatch.setattr(gguf_method, "stored_kernel_for", lambda ggml_type, device: None)
+
+
+def _distance(got: dict, want: dict) -> float:
+    return max((got[k] - want[k]).abs().max().item() for k in want)
+
+
+def test_a_q4_k_m_file_keeps_its_blocks_as_stored(tiny_gguf):
+    tiny = tiny_gguf("Q4_K_M")
+    model = _load(tiny, gguf=True)
+    layer = model.model.layers[1]
+    qkv = layer.self_attn.qkv_proj.__dict__["gguf_kernels"]  # q, k Q4_K; v Q6_K
+    assert [(type(k), k.ggml_type, k.out_features) for k in qkv] == [(StoredGGUFWeight, T.Q4_K, 384),
+                                                                      (StoredGGUFWeight, T.Q6_K, 128)]
+    gate_up = layer.mlp.gate_up_proj.__dict__["gguf_kernels"]  # gate Q4_0, up Q4_K: two runs as stored
+    assert [k.ggml_type for k in gate_up] == [T.Q4_0, T.Q4_K]
+    down = layer.mlp.down_proj.__dict__["gguf_kernels"]
+    assert [k.ggml_type for k in down] == [T.Q6_K]
+    assert model.lm_head.__dict__["gguf_head"].ggml_type == T.Q6_K
+    # The bytes kept are the file's: 144 per 256 weights of Q4_K, 210 of Q6_K.
+    assert down[0].nbytes == 256 * 512 // 256 * 210
+
+
+def test_float_activations_keep_the_repacked_path(tiny_gguf, monkeypatch):
+    monkeypatch.setenv("VX_CPU_MATMUL", "float")
+    model = _load(tiny_gguf("Q4_K_M"), gguf=True)
+    qkv = model.model.layers[1].self_attn.qkv_proj.__dict__["gguf_kernels"]
+    assert [type(k) for k in qkv] == [Int4Groupwise, Int8Groupwise]
+
+
+@pytest.mark.parametrize("types", ["Q4_K_M", "Q4_K", "Q6_K", "Q8_0"])
+def test_logits_within_the_int8_rounding_of_the_float_path(tiny_gguf, types, monkeypatch):
+    tiny = tiny_gguf(types)
+    stored = _logits(_load(tiny, gguf=True))
+    want = _logits(_load(tiny, gguf=False))
+    _repacked(monkeypatch)
+    repacked = _logits(_load(tiny, gguf=True))
+    d_stored, d_repacked = _distance(stored, want), _distance(repacked, want)
+    assert d_stored <= 2 * d_repacked, (d_stored, d_repacked)
+
+
+def test_a_tied_head_looks_rows_up_in_the_stored_blocks(tiny_gguf):
+    tiny = tiny_gguf("Q8_0", tied=True)
+    model = _load(tiny, gguf=True)
+    embed = model.model.embed_tokens
+    head = embed.__dict__["gguf_head"]
+    assert isinstance(head, StoredGGUFWeight) and "gguf_rows" not in embed.__dict__
+    ids = torch.tensor([5, 0, 5, tiny.vocab_size - 1])
+    assert torch.equal(embed(ids), _load(tiny, gguf=False).model.embed_tokens(ids))
+
+
+def test_a_traced_graph_calls_the_operator(tiny_gguf):
+    """torch.compile reaches the kernel through `vx::gguf_matmul` (its Meta impl traces it) with the eager result."""
+    model = _load(tiny_gguf("Q4_K_M"), gguf=True)
+    weight = model.model.layers[0].mlp.down_proj.__dict__["gguf_kernels"][0]
+    x = torch.randn(3, weight.in_features)
+    compiled = torch.compile(weight.matmul, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), weight.matmul(x))
