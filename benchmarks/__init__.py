@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "throughput": "offline tokens/s on a mixed workload, vx vs Hugging Face generate",
     "roofline": "GEMM GFLOP/s and memory bandwidth at the model's shapes; the decode-step lower bound",
     "quant_matmul": "weight-only int4/int8 matmuls (torch's ops, torchao, vx's C kernel) vs float F.linear",
+    "gguf_matmul": "GGUF Q4_K/Q6_K weights read as stored vs repacked vs torch's int4 ops, 1.7B and 8B shapes",
     "decode_step": "one pure-decode step of a batch per attention backend (torch gather + SDPA vs the C kernel) and "
                    "KV-cache dtype",
     "prefill_chunk": "prompt tokens/s and step time per token budget (max_num_batched_tokens)",

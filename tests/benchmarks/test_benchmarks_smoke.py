@@ -163,6 +163,18 @@ def test_quant_matmul_paths_side_by_side(capsys):
     assert ("vx C int8 path" in out) == (4 in kernel.i8_bits)
 
 
+def test_gguf_matmul(capsys):
+    from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+
+    if load_gguf_matmul_kernel() is None:
+        pytest.skip("the CPU kernel cannot be built here")
+    get_main("gguf_matmul")(["--shapes", "1.7b_q,1.7b_v", "--batches", "1,3", "--rounds", "1", "--pass-s", "0.001",
+                             "--cold-mib", "1"])
+    out = capsys.readouterr().out
+    assert "Q4_K" in out and "Q6_K" in out and "| as stored " in out and "| repacked int8 " in out
+    assert "torch int4pack" in out and "CPU:" in out
+
+
 def test_prefill_chunk(micro_model, capsys):
     get_main("prefill_chunk")(["--model", micro_model, "--budgets", "8,32", "--prompt-len", "40", "--rounds", "2"])
     out = capsys.readouterr().out
