@@ -92,7 +92,7 @@ def _k_for(ggml_type: int, blocks: int) -> int:
 
 @pytest.fixture(scope="module", params=[True, False], ids=["vnni", "avx2"])
 def kernel(request):
-    """Both builds: the CPU's (VNNI where it has it) and one without VNNI (AVX2's instructions)."""
+    """Both builds: the CPU's (VNNI where it has it) and an AVX2-only one (no AVX-512, no VNNI)."""
     k = load_gguf_matmul_kernel(vnni=request.param)
     if k is None or not k.types:
         pytest.skip("the GGUF matmul kernel does not build here (no compiler or no AVX2)")
@@ -118,7 +118,7 @@ def test_many_rows_span_chunks(kernel) -> None:
 
 
 def test_vnni_flag_and_types() -> None:
-    """The build without VNNI says so, and both serve the five types."""
+    """The AVX2-only build says it has no VNNI, and both serve the five types."""
     plain = load_gguf_matmul_kernel(vnni=False)
     if plain is None:
         pytest.skip("the GGUF matmul kernel does not build here")

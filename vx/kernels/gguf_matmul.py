@@ -21,8 +21,8 @@ from vx.kernels.threads import threads_for
 
 _SOURCE = Path(__file__).with_name("csrc") / "gguf_kquant.c"
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-std=gnu11")
-# Build flags that take VNNI away, to run the AVX2 instructions on a VNNI machine.
-_NO_VNNI = ("-mno-avx512vnni", "-mno-avxvnni")
+# Build flags that take AVX-512 and VNNI away: the build an AVX2-only CPU gets, run on an AVX-512 machine.
+_AVX2_ONLY = ("-mno-avx512f", "-mno-avxvnni")
 # One thread's time per stored weight byte, in ns: a fixed part (reading and decoding it) and one per row of x.
 # Fitted to `python -m benchmarks.gguf_matmul` at batch 1-16 on one thread (AVX-512 VNNI EPYC).
 _NS_PER_BYTE, _NS_PER_BYTE_ROW = 0.08, 0.08
@@ -75,7 +75,7 @@ class GGUFMatmulKernel:
 @functools.cache
 def load_gguf_matmul_kernel(vnni: bool = True) -> GGUFMatmulKernel | None:
     """The kernel for this CPU, built if needed; None when kernels are off or cannot be built here. `vnni=False`
-    builds it as for a CPU without VNNI (AVX2's instructions), for the tests and benchmarks."""
-    flags = _CFLAGS if vnni else (*_CFLAGS, *_NO_VNNI)
+    builds it as for an AVX2-only CPU (no AVX-512, no VNNI), for the tests and benchmarks."""
+    flags = _CFLAGS if vnni else (*_CFLAGS, *_AVX2_ONLY)
     lib = load_library(_SOURCE, flags, (), "CPU GGUF matmul kernel")
     return None if lib is None else GGUFMatmulKernel(lib)

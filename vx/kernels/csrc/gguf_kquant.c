@@ -21,7 +21,7 @@
  * saturation for 6-bit weights, 2 * 63 * 127 < 32767), then the sub-block scale enters as an int16 multiplier of
  * those pairs (VNNI's vpdpwssd where the CPU has it, AVX2's madd + add otherwise) into int32 lanes; each block's
  * int32 sum becomes float once, times d * dx. Q8_0 multiplies |q| by x with q's sign (vpdpbusd, or maddubs + madd).
- * A build without VNNI (-mno-avx512vnni -mno-avxvnni) takes the AVX2 instructions; one without AVX2 serves nothing.
+ * A build without VNNI (-mno-avx512f -mno-avxvnni) takes the AVX2 instructions; one without AVX2 serves nothing.
  *
  * Threads: one OpenMP team quantizes x's rows, then splits the weight's rows; x's rows go in chunks that stay in
  * the cache while every weight row passes over them, a few rows at a time per weight block decoded.
@@ -43,8 +43,16 @@ enum { T_Q4_0 = 2, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define DOT_VNNI 0
 #endif
 
-/* Rows of x per tile: each weight block is decoded once and multiplied by this many rows. */
+/* Rows of x per tile: each weight block is decoded once and multiplied by this many rows. Their int32 and float
+ * accumulators stay in registers: 8 rows with AVX-512's 32 vector registers (256-bit ones here), 4 with AVX2's 16.
+ * Overridable (-DMT=) to measure again. */
+#ifndef MT
+#if defined(__AVX512VL__)
+#define MT 8
+#else
 #define MT 4
+#endif
+#endif
 /* Bytes of int8 x per chunk of rows kept in the cache while all weight rows pass (about half an L2). */
 #define X_CHUNK_BYTES (512 * 1024)
 
@@ -303,9 +311,16 @@ static int block_of(int type, int64_t *bw, int64_t *bk, int64_t *qb) {
             for (int r = 0; r < MT; r++) out[(m + r) * ldy] = t[r];                                      \
         }                                                                                                \
         const int rest = (int)(rows - m);                                                                \
-        if (rest == 1) fn(w, nb, x, m0 + m, 1, t);                                                       \
-        else if (rest == 2) fn(w, nb, x, m0 + m, 2, t);                                                  \
-        else if (rest == 3) fn(w, nb, x, m0 + m, 3, t);                                                  \
+        switch (rest) { /* the last rows as one tile of their exact count (constant R in each) */        \
+            case 1: fn(w, nb, x, m0 + m, 1, t); break;                                                   \
+            case 2: fn(w, nb, x, m0 + m, 2, t); break;                                                   \
+            case 3: fn(w, nb, x, m0 + m, 3, t); break;                                                   \
+            case 4: if (MT > 4) fn(w, nb, x, m0 + m, 4, t); break;                                       \
+            case 5: if (MT > 5) fn(w, nb, x, m0 + m, 5, t); break;                                       \
+            case 6: if (MT > 6) fn(w, nb, x, m0 + m, 6, t); break;                                       \
+            case 7: if (MT > 7) fn(w, nb, x, m0 + m, 7, t); break;                                       \
+            default: break;                                                                              \
+        }                                                                                                \
         for (int r = 0; r < rest; r++) out[(m + r) * ldy] = t[r];                                        \
     }
 ROWS_OF(tile_q4_0)
