@@ -6,8 +6,9 @@
 Each matrix takes the type a Q4_K_M file gives it (v and down Q6_K, the others Q4_K; `--type` forces one), with
 random blocks (small finite scales: valid data). Candidates, each y = x @ W^T for float32 x [M, K]:
 
-- `as stored` (vx.kernels.gguf_matmul): the file's blocks, x rounded to int8 per block (VNNI build), and
-  `as stored, AVX2` (the build without VNNI, as on an AVX2-only CPU);
+- `as stored` (vx.kernels.gguf_matmul): the file's blocks, x rounded to int8 per block (the CPU's build: 512-bit
+  VNNI code for Q4_K and Q6_K where it has AVX-512 VNNI), `as stored, 256-bit` (the same CPU, 256-bit code only)
+  and `as stored, AVX2` (the build an AVX2-only CPU gets);
 - `repacked int8`: vx's int8-activation kernel on the weight repacked at load (4-bit groups of 32 with float16 scale
   and zero for Q4_K, 8-bit groups of 16 for Q6_K): what vx ran before for VX_CPU_MATMUL=auto/int8;
 - `repacked float`: the exact float path on the same repacked weight (VX_CPU_MATMUL=float);
@@ -73,11 +74,11 @@ class Candidate:
     next_copy: int = 0
 
 
-def _stored(vnni: bool) -> Callable:
+def _stored(vnni: bool, wide: bool = True) -> Callable:
     from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 
     def make(raw, ggml_type):
-        kernel = load_gguf_matmul_kernel(vnni=vnni)
+        kernel = load_gguf_matmul_kernel(vnni=vnni, wide=wide)
         if kernel is None or ggml_type not in kernel.types:
             return None
         return lambda x: kernel.matmul(x, raw, ggml_type)
@@ -135,6 +136,7 @@ def _torch_dyn_quant(raw, ggml_type):
 
 CANDIDATES = {
     "stored": ("as stored", _stored(True)),
+    "stored_256": ("as stored, 256-bit", _stored(True, wide=False)),
     "stored_avx2": ("as stored, AVX2", _stored(False)),
     "repacked_int8": ("repacked int8", _repacked("int8")),
     "repacked_float": ("repacked float", _repacked("float")),

@@ -90,10 +90,12 @@ def _k_for(ggml_type: int, blocks: int) -> int:
     return GGML_QUANT_SIZES[T(ggml_type)][0] * blocks
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["vnni", "avx2"])
+@pytest.fixture(scope="module", params=[(True, True), (True, False), (False, True)], ids=["native", "256-bit", "avx2"])
 def kernel(request):
-    """Both builds: the CPU's (VNNI where it has it) and an AVX2-only one (no AVX-512, no VNNI)."""
-    k = load_gguf_matmul_kernel(vnni=request.param)
+    """Every build: the CPU's (VNNI, and 512-bit Q4_K / Q6_K, where it has them), the CPU's with 256-bit code only,
+    and an AVX2-only one (no AVX-512, no VNNI)."""
+    vnni, wide = request.param
+    k = load_gguf_matmul_kernel(vnni=vnni, wide=wide)
     if k is None or not k.types:
         pytest.skip("the GGUF matmul kernel does not build here (no compiler or no AVX2)")
     return k

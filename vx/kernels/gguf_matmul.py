@@ -73,9 +73,12 @@ class GGUFMatmulKernel:
 
 
 @functools.cache
-def load_gguf_matmul_kernel(vnni: bool = True) -> GGUFMatmulKernel | None:
-    """The kernel for this CPU, built if needed; None when kernels are off or cannot be built here. `vnni=False`
-    builds it as for an AVX2-only CPU (no AVX-512, no VNNI), for the tests and benchmarks."""
+def load_gguf_matmul_kernel(vnni: bool = True, wide: bool = True) -> GGUFMatmulKernel | None:
+    """The kernel for this CPU, built if needed; None when kernels are off or cannot be built here. For the tests
+    and benchmarks: `vnni=False` builds it as for an AVX2-only CPU (no AVX-512, no VNNI), `wide=False` without its
+    512-bit Q4_K and Q6_K code (the 256-bit code every other build runs)."""
     flags = _CFLAGS if vnni else (*_CFLAGS, *_AVX2_ONLY)
+    if not wide:
+        flags = (*flags, "-DVX_GGUF_256")
     lib = load_library(_SOURCE, flags, (), "CPU GGUF matmul kernel")
     return None if lib is None else GGUFMatmulKernel(lib)

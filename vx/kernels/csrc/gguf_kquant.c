@@ -43,6 +43,14 @@ enum { T_Q4_0 = 2, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
 #define DOT_VNNI 0
 #endif
 
+/* Q4_K and Q6_K in 512-bit vectors where the CPU has AVX-512 VNNI (half the instructions of the 256-bit code, which
+ * the other types and AVX2 CPUs take); -DVX_GGUF_256 keeps the 256-bit code everywhere, to compare. */
+#if defined(__AVX512BW__) && defined(__AVX512VNNI__) && !defined(VX_GGUF_256)
+#define WIDE 1
+#else
+#define WIDE 0
+#endif
+
 /* Rows of x per tile: each weight block is decoded once and multiplied by this many rows. Their int32 and float
  * accumulators stay in registers: 8 rows with AVX-512's 32 vector registers (256-bit ones here), 4 with AVX2's 16.
  * Overridable (-DMT=) to measure again. */
@@ -126,6 +134,17 @@ static void quantize_row(const float *x, int64_t K, int64_t QB, int8_t *xq, floa
             _mm_storeu_si128((__m128i *)(xq + b * QB + k), _mm_packs_epi16(lo, hi));
         }
         xd[b] = amax / 127.0f;
+    }
+}
+
+/* The 512-bit Q4_K code multiplies the low nibbles of 64 bytes (sub-blocks 2j and 2j + 2) and then the high ones
+ * (2j + 1, 2j + 3): x's 32-value runs 1 and 2 of each 128 swap places to match, its sums per 16 staying in order. */
+static void swap_runs_for_q4_k(int8_t *xq, int64_t K) {
+    for (int64_t k = 0; k < K; k += 128) {
+        int8_t t[32];
+        memcpy(t, xq + k + 32, 32);
+        memcpy(xq + k + 32, xq + k + 64, 32);
+        memcpy(xq + k + 64, t, 32);
     }
 }
 
@@ -288,6 +307,98 @@ AI void tile_q4_0(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, cons
     for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
 }
 
+#if WIDE
+AI __m512i load64(const void *p) { return _mm512_loadu_si512(p); }
+
+AI float hsum512(__m512 v) {
+    const __m256 top = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), top));
+}
+
+/* The 512-bit Q4_K: x in swapped runs (swap_runs_for_q4_k); each int16 pair of sub-block i takes scale sc[i]. */
+AI void tile_q4_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    const __m512i low = _mm512_set1_epi8(15);
+    /* int16 lanes 0-15 take scale 2j (low nibbles) or 2j + 1 (high), lanes 16-31 the one two sub-blocks on */
+    const __m512i idx = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+                                         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[MT];
+    float corr[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 144) {
+        int16_t sc[8], mn[8];
+        k_scales(w + 4, sc, mn);
+        const float d = f16(w), dmin = f16(w + 2);
+        const __m512i scv = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)sc));
+        __m512i ia[MT];
+        for (int r = 0; r < R; r++) ia[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 2; c++) {
+            const __m512i q = load64(w + 16 + 64 * c);
+            const __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+            const __m512i s0 = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16(4 * c)), scv);
+            const __m512i s1 = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16(4 * c + 1)), scv);
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x->q + (m0 + r) * x->K + b * 256 + 128 * c;
+                ia[r] = _mm512_dpwssd_epi32(ia[r], _mm512_maddubs_epi16(lo, load64(xq)), s0);
+                ia[r] = _mm512_dpwssd_epi32(ia[r], _mm512_maddubs_epi16(hi, load64(xq + 64)), s1);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = x->d[(m0 + r) * (x->K / 256) + b];
+            const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
+            int32_t msum = 0;
+            for (int j = 0; j < 8; j++) msum += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_set1_ps(d * dx), acc[r]);
+            corr[r] += dmin * dx * (float)msum;
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]) - corr[r];
+}
+
+/* The 512-bit Q6_K: 64 bytes of low nibbles are 64 weights in order, and then the next 64; x in order. */
+AI void tile_q6_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    const __m512i low = _mm512_set1_epi8(15), two = _mm512_set1_epi8(0x30);
+    /* int16 lane i (bytes 2i, 2i + 1) of 64 weights from group 4t on: group 4t + i / 8 */
+    const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                         1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[MT];
+    float corr[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), corr[r] = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += 210) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = f16(w + 208);
+        const __m512i scv = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+        __m512i ia[MT];
+        for (int r = 0; r < R; r++) ia[r] = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i a = load64(w + 64 * h);
+            const __m256i qh = load32(w + 128 + 32 * h);
+            /* weights l and 32 + l take bits 0-1 and 2-3 of qh[l]; 64 + l and 96 + l bits 4-5 and 6-7 */
+            const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(a, low),
+                                               _mm512_and_si512(_mm512_slli_epi16(hb, 4), two));
+            const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), low),
+                                               _mm512_and_si512(hb, two));
+            const __m512i s0 = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16(8 * h)), scv);
+            const __m512i s1 = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16(8 * h + 4)), scv);
+            for (int r = 0; r < R; r++) {
+                const int8_t *xq = x->q + (m0 + r) * x->K + b * 256 + 128 * h;
+                ia[r] = _mm512_dpwssd_epi32(ia[r], _mm512_maddubs_epi16(q0, load64(xq)), s0);
+                ia[r] = _mm512_dpwssd_epi32(ia[r], _mm512_maddubs_epi16(q1, load64(xq + 64)), s1);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = x->d[(m0 + r) * (x->K / 256) + b];
+            const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
+            int32_t ssum = 0;
+            for (int g = 0; g < 16; g++) ssum += sc[g] * xs[g];
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_set1_ps(d * dx), acc[r]);
+            corr[r] += 32.0f * d * dx * (float)ssum;
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]) - corr[r];
+}
+#endif
+
 /* The weight's block of `bw` bytes and `bk` weights, and the activations' block (QB) it takes. */
 static int block_of(int type, int64_t *bw, int64_t *bk, int64_t *qb) {
     switch (type) {
@@ -325,9 +436,14 @@ static int block_of(int type, int64_t *bw, int64_t *bk, int64_t *qb) {
     }
 ROWS_OF(tile_q4_0)
 ROWS_OF(tile_q8_0)
-ROWS_OF(tile_q4_k)
 ROWS_OF(tile_q5_k)
+#if WIDE
+ROWS_OF(tile_q4_k_wide)
+ROWS_OF(tile_q6_k_wide)
+#else
+ROWS_OF(tile_q4_k)
 ROWS_OF(tile_q6_k)
+#endif
 #undef ROWS_OF
 
 int vx_gguf_types(void) { return (1 << T_Q4_0) | (1 << T_Q8_0) | (1 << T_Q4_K) | (1 << T_Q5_K) | (1 << T_Q6_K); }
@@ -353,8 +469,10 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++)
+        for (int64_t m = 0; m < M; m++) {
             quantize_row(x + m * K, K, qb, xq + m * K, xd + m * (K / qb), xs + m * (K / 16));
+            if (WIDE && type == T_Q4_K) swap_runs_for_q4_k(xq + m * K, K);
+        }
         for (int64_t m0 = 0; m0 < M; m0 += chunk) {
             const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
 #pragma omp for schedule(static)
@@ -364,9 +482,14 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
                 switch (type) {
                     case T_Q4_0: rows_tile_q4_0(wn, nb, &xr, m0, rows, out, ldy); break;
                     case T_Q8_0: rows_tile_q8_0(wn, nb, &xr, m0, rows, out, ldy); break;
+#if WIDE
+                    case T_Q4_K: rows_tile_q4_k_wide(wn, nb, &xr, m0, rows, out, ldy); break;
+                    case T_Q6_K: rows_tile_q6_k_wide(wn, nb, &xr, m0, rows, out, ldy); break;
+#else
                     case T_Q4_K: rows_tile_q4_k(wn, nb, &xr, m0, rows, out, ldy); break;
-                    case T_Q5_K: rows_tile_q5_k(wn, nb, &xr, m0, rows, out, ldy); break;
-                    default: rows_tile_q6_k(wn, nb, &xr, m0, rows, out, ldy); break;
+                    case T_Q6_K: rows_tile_q6_k(wn, nb, &xr, m0, rows, out, ldy); break;
+#endif
+                    default: rows_tile_q5_k(wn, nb, &xr, m0, rows, out, ldy); break;
                 }
             }
         }
