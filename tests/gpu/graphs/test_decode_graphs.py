@@ -16,19 +16,21 @@ from vx.gpu.graphs.decode_graphs import IDLE_BEFORE_COMPILE_S, DecodeGraphs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["float", "gguf-q4_1-int8"])
+@pytest.mark.parametrize("weights", ["float", "gguf-q4_1-int8", "gguf-q4_k_m-stored"])
 def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, monkeypatch, weights):
     """Float32: compiled decode (every size compiled before serving), eager decode and HF generate agree token for
     token. Seven prompts with max_num_seqs=4 and a KV cache of 12 blocks of 8 tokens make decode steps of 4
     requests, of 3 (the graph of 4 with a padding row), of 2 and 1, next to prefill and mixed steps that stay
     eager, and preemptions (their prompts computed again). GGUF weights on the C kernel's int8-activation path (x rounded to int8 per group: near-tied tokens
     may differ from HF's): the compiled graphs still give eager's tokens exactly, since each row's product depends on
-    that row alone. (GGUF weights on the exact float path against HF: test_aoti_loader.py, which serves them from an
-    engine process of its own; each size's compile costs seconds, so no test compiles one twice for the same check.)"""
+    that row alone. A Q4_K_M file's weights, kept as stored, reach their kernel through `vx::gguf_matmul` in the
+    compiled graphs, with the same exactness. (GGUF weights on the exact float path against HF: test_aoti_loader.py,
+    which serves them from an engine process of its own; each size's compile costs seconds, so no test compiles one
+    twice for the same check.)"""
     if weights == "float":
         model, reference_dir = tiny_model_dirs["llama"], tiny_model_dirs["llama"]
     else:
-        tiny = tiny_gguf("Q4_1")
+        tiny = tiny_gguf("Q4_K_M" if weights == "gguf-q4_k_m-stored" else "Q4_1")
         model, reference_dir = tiny.gguf_path, tiny.float_dir
     if weights == "gguf-q4_1-int8":
         from vx.kernels.quant_matmul import load_quant_matmul_kernel
@@ -36,10 +38,17 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
         kernel = load_quant_matmul_kernel()
         if kernel is None or 4 not in kernel.i8_bits:
             pytest.skip("no int8-activation path for 4-bit weights here")
-    monkeypatch.setenv("VX_CPU_MATMUL", "int8" if weights == "gguf-q4_1-int8" else "float")
+    if weights == "gguf-q4_k_m-stored":
+        from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+
+        kernel = load_gguf_matmul_kernel()
+        if kernel is None or not kernel.types:
+            pytest.skip("no GGUF as-stored kernel here")
+    int8 = weights != "float"
+    monkeypatch.setenv("VX_CPU_MATMUL", "int8" if int8 else "float")
     prompts = greedy_prompts(300)  # within every tiny model's vocabulary
     eager, eager_steps = vx_greedy(model, prompts, enforce_eager=True)
-    want = eager if weights == "gguf-q4_1-int8" else hf_greedy(reference_dir, prompts)
+    want = eager if int8 else hf_greedy(reference_dir, prompts)
     assert eager_steps == {}
     monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
     preemptions: list[int] = []
