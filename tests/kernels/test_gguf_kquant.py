@@ -134,3 +134,5 @@ def test_rejects_a_type_it_does_not_serve() -> None:
         pytest.skip("the GGUF matmul kernel does not build here")
     with pytest.raises(ValueError):
         k.matmul(torch.zeros(1, 32), torch.zeros(2, 20, dtype=torch.uint8), int(T.Q4_1))
+    with pytest.raises(ValueError):  # rows of another width than x's
+        k.matmul(torch.zeros(1, 256), torch.zeros(2, 2 * 144, dtype=torch.uint8), int(T.Q4_K))

@@ -41,6 +41,9 @@ class GGUFMatmulKernel:
         self._fn = lib.vx_gguf_matmul_f32
         self._fn.argtypes = [p, i64, i64, p, i64, i32, i64, p, i64, i32]
         self._fn.restype = i32
+        self._row_bytes = lib.vx_gguf_row_bytes
+        self._row_bytes.argtypes = [i32, i64]
+        self._row_bytes.restype = i64
         mask = lib.vx_gguf_types()
         self.types: frozenset[int] = frozenset(t for t in range(32) if mask & (1 << t))
         self.vnni = bool(lib.vx_gguf_vnni())
@@ -57,10 +60,13 @@ class GGUFMatmulKernel:
         if x.dtype != torch.float32 or x.dim() != 2 or blocks.dtype != torch.uint8 or blocks.dim() != 2:
             raise ValueError(f"gguf matmul: x {x.dtype} {tuple(x.shape)} must be float32 [M, K], blocks "
                              f"{blocks.dtype} {tuple(blocks.shape)} uint8 [N, bytes].")
+        m, k = x.shape
+        if blocks.shape[1] != self._row_bytes(ggml_type, k):
+            raise ValueError(f"gguf matmul: rows of {blocks.shape[1]} bytes are not {k} weights of GGML type "
+                             f"{ggml_type} (or the type is not served: {sorted(self.types)}).")
         if blocks.stride(1) != 1:
             blocks = blocks.contiguous()
         x = x.contiguous()
-        m, k = x.shape
         n = blocks.shape[0]
         y = torch.empty(m, n, dtype=torch.float32)
         threads = threads or threads_for(serial_us(m, blocks.shape[0] * blocks.shape[1]))

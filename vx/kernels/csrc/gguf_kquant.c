@@ -446,6 +446,13 @@ ROWS_OF(tile_q6_k)
 #endif
 #undef ROWS_OF
 
+/* The bytes a row of K weights of `type` takes, or -1 for a type this kernel does not serve or K not whole blocks. */
+int64_t vx_gguf_row_bytes(int type, int64_t K) {
+    int64_t bw, bk, qb;
+    if (block_of(type, &bw, &bk, &qb) || K <= 0 || K % bk) return -1;
+    return K / bk * bw;
+}
+
 int vx_gguf_types(void) { return (1 << T_Q4_0) | (1 << T_Q8_0) | (1 << T_Q4_K) | (1 << T_Q5_K) | (1 << T_Q6_K); }
 int vx_gguf_vnni(void) { return DOT_VNNI; }
 
@@ -499,6 +506,7 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
 }
 
 #else /* no AVX2: this build serves no type, and every GGUF weight keeps the repacked path */
+int64_t vx_gguf_row_bytes(int type, int64_t K) { return -1; }
 int vx_gguf_types(void) { return 0; }
 int vx_gguf_vnni(void) { return 0; }
 int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t ldw, int type, int64_t N,
