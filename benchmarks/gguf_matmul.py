@@ -168,7 +168,7 @@ def run_shape(name: str, ggml_type: int, cands: list[Candidate], batches: list[i
     n, k, _ = SHAPES[name]
     block, size = _BLOCK[ggml_type]
     weight_bytes = n * k // block * size
-    copies = max(1, min(8, int(cold_mib * 2**20 // weight_bytes)))
+    copies = max(1, min(64, int(cold_mib * 2**20 // weight_bytes)))
     live = []
     for c in cands:
         c.copies, c.times, c.next_copy = [], {}, 0
