@@ -148,26 +148,36 @@ static void swap_runs_for_q4_k(int8_t *xq, int64_t K) {
     }
 }
 
-/* Q4_K / Q5_K: the 8 sub-blocks' 6-bit scales and minimums out of their 12 bytes. */
-AI void k_scales(const uint8_t *p, int16_t sc[8], int16_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = p[j] & 63;
-        mn[j] = p[j + 4] & 63;
-        sc[j + 4] = (p[j + 8] & 15) | ((p[j] >> 6) << 4);
-        mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
-    }
+/* Q4_K / Q5_K: the 8 sub-blocks' 6-bit scales and minimums out of their 12 bytes, as 8 int16 each. Bytes 0-3 hold
+ * scales 0-3 in their low 6 bits and the top 2 bits of scales 4-7, bytes 4-7 the same for the minimums, bytes 8-11
+ * the low 4 bits of scales 4-7 (low nibbles) and of minimums 4-7 (high nibbles); four bytes at a time. */
+AI void k_scales(const uint8_t *p, __m128i *sc, __m128i *mn) {
+    uint32_t a, m, c;
+    memcpy(&a, p, 4);
+    memcpy(&m, p + 4, 4);
+    memcpy(&c, p + 8, 4);
+    const uint32_t low6 = 0x3f3f3f3fu, low4 = 0x0f0f0f0fu, top2 = 0x30303030u; /* top2: bits 6-7 moved to 4-5 */
+    const uint64_t s8 = ((uint64_t)((c & low4) | ((a >> 2) & top2)) << 32) | (a & low6);
+    const uint64_t m8 = ((uint64_t)(((c >> 4) & low4) | ((m >> 2) & top2)) << 32) | (m & low6);
+    *sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s8));
+    *mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m8));
 }
+
+/* 8 int16 -> 16: each twice, so that each pairs with the two sums per 16 of its sub-block of 32. */
+AI __m256i twice(__m128i v) { return _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v)); }
 
 /* Each tile function adds to y[r] (r < R) the products of one weight row's blocks with R rows of x. */
 
 AI void tile_q4_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
     const __m256i low = _mm256_set1_epi8(15);
     __m256 acc[MT];
-    float corr[MT];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144) {
-        int16_t sc[8], mn[8];
-        k_scales(w + 4, sc, mn);
+        __m128i sc16, mn16;
+        k_scales(w + 4, &sc16, &mn16);
+        int16_t sc[8];
+        _mm_storeu_si128((__m128i *)sc, sc16);
+        const __m256i mins = twice(mn16);
         const float d = f16(w), dmin = f16(w + 2);
         __m256i ia[MT];
         for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
@@ -184,23 +194,24 @@ AI void tile_q4_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, cons
         for (int r = 0; r < R; r++) {
             const float dx = x->d[(m0 + r) * (x->K / 256) + b];
             const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
-            int32_t msum = 0;
-            for (int j = 0; j < 8; j++) msum += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            const __m256i msum = _mm256_madd_epi16(mins, load32(xs)); /* m[j] * x's sum over sub-block j */
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
-            corr[r] += dmin * dx * (float)msum;
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
 }
 
 AI void tile_q5_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
     const __m256i low = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
     __m256 acc[MT];
-    float corr[MT];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 176) {
-        int16_t sc[8], mn[8];
-        k_scales(w + 4, sc, mn);
+        __m128i sc16, mn16;
+        k_scales(w + 4, &sc16, &mn16);
+        int16_t sc[8];
+        _mm_storeu_si128((__m128i *)sc, sc16);
+        const __m256i mins = twice(mn16);
         const float d = f16(w), dmin = f16(w + 2);
         const __m256i qh = load32(w + 16);
         __m256i ia[MT];
@@ -222,22 +233,21 @@ AI void tile_q5_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, cons
         for (int r = 0; r < R; r++) {
             const float dx = x->d[(m0 + r) * (x->K / 256) + b];
             const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
-            int32_t msum = 0;
-            for (int j = 0; j < 8; j++) msum += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            const __m256i msum = _mm256_madd_epi16(mins, load32(xs)); /* m[j] * x's sum over sub-block j */
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
-            corr[r] += dmin * dx * (float)msum;
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * dx), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
 }
 
 AI void tile_q6_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
     const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(0x30);
     __m256 acc[MT];
-    float corr[MT];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210) {
         const int8_t *sc = (const int8_t *)(w + 192);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
         const float d = f16(w + 208);
         __m256i ia[MT];
         for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
@@ -263,13 +273,12 @@ AI void tile_q6_k(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, cons
         for (int r = 0; r < R; r++) {
             const float dx = x->d[(m0 + r) * (x->K / 256) + b];
             const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
-            int32_t ssum = 0;
-            for (int g = 0; g < 16; g++) ssum += sc[g] * xs[g];
+            const __m256i ssum = _mm256_madd_epi16(sc16, load32(xs)); /* sc[g] * x's sum over group g */
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
-            corr[r] += 32.0f * d * dx * (float)ssum;
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ssum), _mm256_set1_ps(32.0f * d * dx), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) - corr[r];
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
 }
 
 AI void tile_q8_0(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
@@ -322,13 +331,13 @@ AI void tile_q4_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0,
     const __m512i idx = _mm512_set_epi16(2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[MT];
-    float corr[MT];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), corr[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144) {
-        int16_t sc[8], mn[8];
-        k_scales(w + 4, sc, mn);
+        __m128i sc16, mn16;
+        k_scales(w + 4, &sc16, &mn16);
+        const __m256i mins = twice(mn16);
         const float d = f16(w), dmin = f16(w + 2);
-        const __m512i scv = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)sc));
+        const __m512i scv = _mm512_castsi128_si512(sc16);
         __m512i ia[MT];
         for (int r = 0; r < R; r++) ia[r] = _mm512_setzero_si512();
         for (int c = 0; c < 2; c++) {
@@ -345,13 +354,13 @@ AI void tile_q4_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0,
         for (int r = 0; r < R; r++) {
             const float dx = x->d[(m0 + r) * (x->K / 256) + b];
             const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
-            int32_t msum = 0;
-            for (int j = 0; j < 8; j++) msum += mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            const __m256i msum = _mm256_madd_epi16(mins, load32(xs)); /* m[j] * x's sum over sub-block j */
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_set1_ps(d * dx), acc[r]);
-            corr[r] += dmin * dx * (float)msum;
+            const __m512 mf = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum));
+            acc[r] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(dmin * dx), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]) - corr[r];
+    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]);
 }
 
 /* The 512-bit Q6_K: 64 bytes of low nibbles are 64 weights in order, and then the next 64; x in order. */
@@ -361,12 +370,11 @@ AI void tile_q6_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0,
     const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
                                          1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[MT];
-    float corr[MT];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), corr[r] = 0.0f;
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210) {
-        const int8_t *sc = (const int8_t *)(w + 192);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
         const float d = f16(w + 208);
-        const __m512i scv = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+        const __m512i scv = _mm512_castsi256_si512(sc16);
         __m512i ia[MT];
         for (int r = 0; r < R; r++) ia[r] = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
@@ -389,13 +397,13 @@ AI void tile_q6_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0,
         for (int r = 0; r < R; r++) {
             const float dx = x->d[(m0 + r) * (x->K / 256) + b];
             const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + b * 16;
-            int32_t ssum = 0;
-            for (int g = 0; g < 16; g++) ssum += sc[g] * xs[g];
+            const __m256i ssum = _mm256_madd_epi16(sc16, load32(xs)); /* sc[g] * x's sum over group g */
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[r]), _mm512_set1_ps(d * dx), acc[r]);
-            corr[r] += 32.0f * d * dx * (float)ssum;
+            const __m512 sf = _mm512_cvtepi32_ps(_mm512_zextsi256_si512(ssum));
+            acc[r] = _mm512_fnmadd_ps(sf, _mm512_set1_ps(32.0f * d * dx), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]) - corr[r];
+    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]);
 }
 #endif
 
