@@ -136,3 +136,45 @@ def test_rejects_a_type_it_does_not_serve() -> None:
         k.matmul(torch.zeros(1, 32), torch.zeros(2, 20, dtype=torch.uint8), int(T.Q4_1))
     with pytest.raises(ValueError):  # rows of another width than x's
         k.matmul(torch.zeros(1, 256), torch.zeros(2, 2 * 144, dtype=torch.uint8), int(T.Q4_K))
+
+
+@pytest.mark.parametrize("ggml_type", _TYPES, ids=lambda t: T(t).name)
+def test_many_rows_through_decoded_panels(ggml_type: int, monkeypatch) -> None:
+    """The many-row way: chunks decoded into the int8 kernel's panels (csrc/gguf_panels.c), x rounded per group of
+    the weight (32, 16 for Q6_K) as that kernel rounds it: within that rounding's bound of the reference, and the
+    same product as the weight repacked at load (`unpack`'s integers through `pack`)."""
+    from vx.kernels import gguf_matmul
+    from vx.kernels.quant_matmul import load_quant_matmul_kernel
+
+    kernel, repacked = load_gguf_matmul_kernel(), load_quant_matmul_kernel()
+    if kernel is None or not kernel.many_rows_serves(ggml_type, repacked):
+        pytest.skip("no panel decoder or int8 kernel for this type here")
+    n, k, m = 37, _k_for(ggml_type, 3), 5
+    raw = random_blocks(ggml_type, n, k, seed=3)
+    w = torch.from_numpy(gguf_dequantize(raw.numpy(), ggml_type)).view(n, k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(4))
+    # Chunks of one panel each: several chunks, and a padded last panel.
+    monkeypatch.setattr(gguf_matmul, "_PANEL_CHUNK_BYTES", 1)
+    y = kernel.matmul_many_rows(x, raw, ggml_type, repacked)
+    _, group = kernel.panel_format(ggml_type)
+    err = (y.double() - (x @ w.T).double()).abs()
+    bound = int8_bound(x, w, group) + _FLOAT_SLACK * magnitude(x, raw, ggml_type)
+    assert (err <= bound).all(), f"error {err.max():.3e} above the int8 bound"
+    monkeypatch.setenv("VX_CPU_MATMUL", "int8")
+    g = unpack(raw, ggml_type)
+    packed = repacked.pack(g.q, g.scale, g.zero, g.group_size, g.bits)
+    assert torch.allclose(y, repacked.matmul(x, packed, amx=False), rtol=0, atol=1e-5 * y.abs().max().item())
+
+
+def test_product_takes_the_panels_from_many_rows_on() -> None:
+    from vx.kernels.gguf_matmul import MANY_ROWS
+    from vx.kernels.quant_matmul import load_quant_matmul_kernel
+
+    kernel, repacked = load_gguf_matmul_kernel(), load_quant_matmul_kernel()
+    if kernel is None or not kernel.many_rows_serves(T.Q4_K, repacked):
+        pytest.skip("no panel decoder or int8 kernel here")
+    raw = random_blocks(T.Q4_K, 20, 256, seed=6)
+    x = torch.randn(MANY_ROWS, 256, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(kernel.product(x, raw, T.Q4_K), kernel.matmul_many_rows(x, raw, T.Q4_K, repacked))
+    few = x[:MANY_ROWS - 1]
+    assert torch.equal(kernel.product(few, raw, T.Q4_K), kernel.matmul(few, raw, T.Q4_K))

@@ -5,6 +5,11 @@ y = x @ W^T for float32 x [M, K] and W [N, K] given as N rows of GGML blocks (Q4
 rounded to int8 per block of 256 values (the K types) or 32 (Q4_0, Q8_0), as llama.cpp does: each element errs by
 at most half a step, max |x[block]| / 254, which is the only error beyond float rounding. Two builds: with VNNI dot
 products where the CPU has them, and AVX2 otherwise (or for the tests, on a VNNI machine).
+
+Products of many rows of x (prefill) take another way (`matmul_many_rows`): chunks of the weight are decoded into
+the panel layout of the repacked int8-activation kernel (`csrc/gguf_panels.c`), where each panel serves every row of
+x, and multiplied there (or on AMX tiles where that kernel has them); the weight kept stays the file's blocks. x is
+then rounded per group of the weight (32, or 16 for Q6_K), as that kernel rounds it.
 """
 
 from __future__ import annotations
@@ -17,9 +22,17 @@ import torch
 
 from vx import envs
 from vx.kernels.build import load_library
+from vx.kernels.quant_matmul import AMX_MIN_ROWS, PackedQuantWeight, QuantMatmulKernel, load_quant_matmul_kernel
 from vx.kernels.threads import threads_for
 
 _SOURCE = Path(__file__).with_name("csrc") / "gguf_kquant.c"
+_SOURCE_PANELS = Path(__file__).with_name("csrc") / "gguf_panels.c"
+# Bytes of panels decoded per chunk of a many-row product: each chunk costs the int8 kernel one more rounding of x,
+# so few and large, but bounded, so that a call's scratch stays small beside the weight.
+_PANEL_CHUNK_BYTES = 16 << 20
+# From how many rows of x a product takes the decoded panels instead of the as-stored kernel: measured with
+# `python -m benchmarks.gguf_matmul --batches 1,4,16,64,512 --candidates stored,panels` (AVX-512 VNNI EPYC).
+MANY_ROWS = 32
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-std=gnu11")
 # Build flags that take AVX-512 and VNNI away: the build an AVX2-only CPU gets, run on an AVX-512 machine.
 _AVX2_ONLY = ("-mno-avx512f", "-mno-avxvnni")
@@ -36,7 +49,8 @@ def serial_us(m: int, weight_bytes: int) -> float:
 class GGUFMatmulKernel:
     """The loaded library: `matmul` float32 activations with raw GGUF rows of a type in `types`."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, lib_panels: ctypes.CDLL | None = None,
+                 repacked: QuantMatmulKernel | None = None) -> None:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         self._fn = lib.vx_gguf_matmul_f32
         self._fn.argtypes = [p, i64, i64, p, i64, i32, i64, p, i64, i32]
@@ -47,6 +61,66 @@ class GGUFMatmulKernel:
         mask = lib.vx_gguf_types()
         self.types: frozenset[int] = frozenset(t for t in range(32) if mask & (1 << t))
         self.vnni = bool(lib.vx_gguf_vnni())
+        self._panels = None
+        self._repacked = repacked
+        if lib_panels is not None:
+            self._panels = lib_panels.vx_gguf_to_i8_panels
+            self._panels.argtypes = [p, i64, i32, i64, i64, i64, p, p, i32]
+            self._panels.restype = i32
+            self._panel_format = lib_panels.vx_gguf_panel_format
+
+    def panel_format(self, ggml_type: int) -> tuple[int, int] | None:
+        """(bits, group size) of the int8 kernel's layout that `matmul_many_rows` decodes `ggml_type` into."""
+        if self._panels is None:
+            return None
+        code = self._panel_format(ggml_type)
+        return None if code < 0 else divmod(code, 1000)
+
+    def many_rows_serves(self, ggml_type: int, repacked: QuantMatmulKernel | None) -> bool:
+        """Whether `matmul_many_rows` can take weights of `ggml_type` with that int8 kernel here."""
+        fmt = self.panel_format(ggml_type)
+        return fmt is not None and repacked is not None and fmt[0] in repacked.i8_bits
+
+    def matmul_many_rows(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, repacked: QuantMatmulKernel,
+                         amx: bool = False) -> torch.Tensor:
+        """x [M, K] float32 @ W^T -> [M, N] float32 through the int8 kernel's panels, decoded chunk by chunk (see
+        the module); `amx` lets that kernel take its AMX path (x then rounded to bf16). Only where
+        `many_rows_serves`."""
+        bits, group = self.panel_format(ggml_type)
+        m, k = x.shape
+        n = blocks.shape[0]
+        if blocks.shape[1] != self._row_bytes(ggml_type, k) or blocks.stride(1) != 1:
+            raise ValueError(f"gguf matmul: rows of {blocks.shape[1]} bytes are not {k} weights of GGML type "
+                             f"{ggml_type}.")
+        lanes = repacked.i8_panel
+        panel_bytes = k * lanes * bits // 8 + 2 * (k // group) * lanes * 4
+        rows = max(1, _PANEL_CHUNK_BYTES // panel_bytes) * lanes
+        x = x.contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for n0 in range(0, n, rows):
+            count = min(rows, n - n0)
+            panels = -(-count // lanes)
+            q = torch.empty(panels * k * lanes * bits // 8, dtype=torch.uint8)
+            sz = torch.empty(panels * 2 * (k // group) * lanes, dtype=torch.float32)
+            part = blocks[n0:n0 + count]
+            rc = self._panels(part.data_ptr(), part.stride(0), ggml_type, count, k, lanes, q.data_ptr(),
+                              sz.data_ptr(), threads)
+            if rc != 0:
+                raise ValueError(f"gguf panels rejected {count} rows of GGML type {ggml_type}, K {k}.")
+            packed = PackedQuantWeight(q, sz, count, k, group, bits, int8_activations=True, amx=amx)
+            y[:, n0:n0 + count] = repacked.matmul(x, packed, amx=amx)
+        return y
+
+    def product(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, amx: bool = False) -> torch.Tensor:
+        """x [M, K] float32 @ W^T -> [M, N] float32 by the way that serves M rows best: the as-stored kernel, or
+        from `MANY_ROWS` rows on the decoded panels (`amx`: on AMX tiles where the int8 kernel has them, for a
+        bf16 model's activations, as a repacked weight would)."""
+        m, k = x.shape
+        if m >= MANY_ROWS and self.many_rows_serves(ggml_type, self._repacked):
+            amx = amx and m >= AMX_MIN_ROWS and self._repacked.amx_for(True, k)
+            return self.matmul_many_rows(x, blocks, ggml_type, self._repacked, amx=amx)
+        return self.matmul(x, blocks, ggml_type)
 
     def serves(self, ggml_type: int) -> bool:
         """Whether `VX_CPU_MATMUL` and this CPU give a weight of `ggml_type` this kernel: `int8`, or `auto` where
@@ -87,4 +161,8 @@ def load_gguf_matmul_kernel(vnni: bool = True, wide: bool = True) -> GGUFMatmulK
     if not wide:
         flags = (*flags, "-DVX_GGUF_256")
     lib = load_library(_SOURCE, flags, (), "CPU GGUF matmul kernel")
-    return None if lib is None else GGUFMatmulKernel(lib)
+    if lib is None:
+        return None
+    # Without the panels' library or the int8 kernel (a failed build) every product takes the as-stored kernel.
+    return GGUFMatmulKernel(lib, load_library(_SOURCE_PANELS, _CFLAGS, (), "CPU GGUF panel decoder"),
+                            load_quant_matmul_kernel())

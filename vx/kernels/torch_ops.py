@@ -23,7 +23,7 @@ from vx.kernels.quant_matmul import PackedQuantWeight, load_quant_matmul_kernel
 _SCHEMAS = (
     "quant_matmul(Tensor x, Tensor q, Tensor sz, int out_features, int group_size, int bits, bool int8_activations,"
     " bool amx) -> Tensor",
-    "gguf_matmul(Tensor x, Tensor blocks, int ggml_type) -> Tensor",
+    "gguf_matmul(Tensor x, Tensor blocks, int ggml_type, bool amx) -> Tensor",
 )
 
 
@@ -41,11 +41,11 @@ def _quant_matmul(x: torch.Tensor, q: torch.Tensor, sz: torch.Tensor, out_featur
                                                    amx))
 
 
-def _gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int) -> torch.Tensor:
+def _gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, amx: bool) -> torch.Tensor:
     kernel = load_gguf_matmul_kernel()
     if kernel is None:
         raise RuntimeError("vx::gguf_matmul: the CPU GGUF matmul kernel is not available.")
-    return kernel.matmul(x, blocks, ggml_type)
+    return kernel.product(x, blocks, ggml_type, amx)
 
 
 @functools.cache
@@ -58,5 +58,5 @@ def library() -> torch.library.Library:
     lib.impl("quant_matmul", lambda x, q, sz, out_features, group_size, bits, int8_activations, amx:
              x.new_empty(x.shape[0], out_features), "Meta")
     lib.impl("gguf_matmul", _gguf_matmul, "CPU")
-    lib.impl("gguf_matmul", lambda x, blocks, ggml_type: x.new_empty(x.shape[0], blocks.shape[0]), "Meta")
+    lib.impl("gguf_matmul", lambda x, blocks, ggml_type, amx: x.new_empty(x.shape[0], blocks.shape[0]), "Meta")
     return lib

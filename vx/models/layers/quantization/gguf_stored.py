@@ -63,11 +63,14 @@ class StoredGGUFWeight:
         return unpack(self.blocks[rows], self.ggml_type).dequantize()
 
     def matmul(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """x [..., K] @ W^T -> [..., N] in `out_dtype` (default x's). A traced graph (compiled decode) calls the
-        kernel as the opaque `vx::gguf_matmul` operator; eager code calls it directly."""
+        """x [..., K] @ W^T -> [..., N] in `out_dtype` (default x's): the as-stored kernel, or for many rows the
+        decoded panels (vx.kernels.gguf_matmul). A traced graph (compiled decode) calls the kernel as the opaque
+        `vx::gguf_matmul` operator; eager code calls it directly."""
         x2 = x.reshape(-1, self.in_features).to(torch.float32)
+        # Many rows of a bf16 model may multiply on AMX tiles (x rounded to bf16, which it already is).
+        amx = x.dtype == torch.bfloat16
         if torch_ops.tracing(x):
-            y = torch.ops.vx.gguf_matmul(x2, self.blocks, self.ggml_type)
+            y = torch.ops.vx.gguf_matmul(x2, self.blocks, self.ggml_type, amx)
         else:
-            y = self._kernel.matmul(x2, self.blocks, self.ggml_type)
+            y = self._kernel.product(x2, self.blocks, self.ggml_type, amx)
         return y.to(out_dtype or x.dtype).reshape(*x.shape[:-1], self.out_features)
