@@ -9,6 +9,8 @@ random blocks (small finite scales: valid data). Candidates, each y = x @ W^T fo
 - `as stored` (vx.kernels.gguf_matmul): the file's blocks, x rounded to int8 per block (the CPU's build: 512-bit
   VNNI code for Q4_K and Q6_K where it has AVX-512 VNNI), `as stored, 256-bit` (the same CPU, 256-bit code only)
   and `as stored, AVX2` (the build an AVX2-only CPU gets);
+- `as stored, decoded panels`: the many-row way, chunks of the stored weight decoded per call into the int8
+  kernel's panels; `as stored, vx's choice`: what `product` picks at that M (the panels from `MANY_ROWS` rows on);
 - `repacked int8`: vx's int8-activation kernel on the weight repacked at load (4-bit groups of 32 with float16 scale
   and zero for Q4_K, 8-bit groups of 16 for Q6_K): what vx ran before for VX_CPU_MATMUL=auto/int8;
 - `repacked float`: the exact float path on the same repacked weight (VX_CPU_MATMUL=float);
@@ -85,6 +87,23 @@ def _stored(vnni: bool, wide: bool = True) -> Callable:
     return make
 
 
+def _panels(raw, ggml_type):
+    from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+    from vx.kernels.quant_matmul import load_quant_matmul_kernel
+
+    kernel, repacked = load_gguf_matmul_kernel(), load_quant_matmul_kernel()
+    if kernel is None or not kernel.many_rows_serves(ggml_type, repacked):
+        return None
+    return lambda x: kernel.matmul_many_rows(x, raw, ggml_type, repacked)
+
+
+def _chosen(raw, ggml_type):
+    from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+
+    kernel = load_gguf_matmul_kernel()
+    return None if kernel is None else (lambda x: kernel.product(x, raw, ggml_type))
+
+
 def _repacked(mode: str) -> Callable:
     from vx.kernels.quant_matmul import load_quant_matmul_kernel
     from vx.models.layers.quantization.gguf_blocks import unpack
@@ -138,6 +157,8 @@ CANDIDATES = {
     "stored": ("as stored", _stored(True)),
     "stored_256": ("as stored, 256-bit", _stored(True, wide=False)),
     "stored_avx2": ("as stored, AVX2", _stored(False)),
+    "panels": ("as stored, decoded panels", _panels),
+    "chosen": ("as stored, vx's choice", _chosen),
     "repacked_int8": ("repacked int8", _repacked("int8")),
     "repacked_float": ("repacked float", _repacked("float")),
     "int4pack": ("torch int4pack (bf16 x)", _torch_int4pack),
