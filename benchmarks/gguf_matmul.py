@@ -21,7 +21,8 @@ random blocks (small finite scales: valid data). Candidates, each y = x @ W^T fo
 
 Weights rotate over copies totalling `--cold-mib` so each call reads its weight from memory, as a decode step does;
 candidates run interleaved round after round; a cell is the median µs per call over `--rounds` with its spread
-((max - min) / median), and GB/s of the weight's bytes as the file stores them per call.
+((max - min) / median), the bits per weight the candidate's layout holds, and GB/s of the weight's bytes as the file
+stores them per call (the same figure for every candidate: a rate of the file's weights, whatever a layout reads).
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def random_blocks(ggml_type: int, n: int, k: int, seed: int) -> Any:
 @dataclass
 class Candidate:
     name: str
-    make: Callable[[Any, int], Callable[[Any], Any] | None]  # (raw blocks, type) -> matmul of x, or None
+    make: Callable[[Any, int], tuple[Callable[[Any], Any], int] | None]  # (blocks, type) -> (matmul, bytes) or None
     copies: list = field(default_factory=list)
+    nbytes: int = 0  # what one copy of the weight holds in this candidate's layout
     times: dict[int, list[float]] = field(default_factory=dict)
     next_copy: int = 0
 
@@ -83,7 +85,7 @@ def _stored(vnni: bool, wide: bool = True) -> Callable:
         kernel = load_gguf_matmul_kernel(vnni=vnni, wide=wide)
         if kernel is None or ggml_type not in kernel.types:
             return None
-        return lambda x: kernel.matmul(x, raw, ggml_type)
+        return (lambda x: kernel.matmul(x, raw, ggml_type)), raw.nbytes
     return make
 
 
@@ -94,14 +96,14 @@ def _panels(raw, ggml_type):
     kernel, repacked = load_gguf_matmul_kernel(), load_quant_matmul_kernel()
     if kernel is None or not kernel.many_rows_serves(ggml_type, repacked):
         return None
-    return lambda x: kernel.matmul_many_rows(x, raw, ggml_type, repacked)
+    return (lambda x: kernel.matmul_many_rows(x, raw, ggml_type, repacked)), raw.nbytes
 
 
 def _chosen(raw, ggml_type):
     from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 
     kernel = load_gguf_matmul_kernel()
-    return None if kernel is None else (lambda x: kernel.product(x, raw, ggml_type))
+    return None if kernel is None else ((lambda x: kernel.product(x, raw, ggml_type)), raw.nbytes)
 
 
 def _repacked(mode: str) -> Callable:
@@ -121,7 +123,7 @@ def _repacked(mode: str) -> Callable:
             os.environ.pop("VX_CPU_MATMUL") if old is None else os.environ.__setitem__("VX_CPU_MATMUL", old)
         if (mode == "int8") != packed.int8_activations:
             return None
-        return lambda x: kernel.matmul(x, packed, amx=False)
+        return (lambda x: kernel.matmul(x, packed, amx=False)), packed.nbytes
     return make
 
 
@@ -135,7 +137,8 @@ def _torch_int4pack(raw, ggml_type):
     g = unpack(raw, ggml_type)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(g.q.to(torch.int32), 2)
     sz = torch.stack([g.scale, g.zero + 8 * g.scale], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
-    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, 32, sz).float()
+    return ((lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, 32, sz).float()),
+            packed.nbytes + sz.nbytes)
 
 
 def _torch_dyn_quant(raw, ggml_type):
@@ -150,7 +153,7 @@ def _torch_dyn_quant(raw, ggml_type):
     nibbles = g.q.to(torch.uint8)
     packed = torch.ops.aten._dyn_quant_pack_4bit_weight((nibbles[:, 1::2] << 4) | nibbles[:, 0::2],
                                                         g.scale.contiguous(), None, 32, k, n)
-    return lambda x: torch.ops.aten._dyn_quant_matmul_4bit(x, packed, 32, k, n)
+    return (lambda x: torch.ops.aten._dyn_quant_matmul_4bit(x, packed, 32, k, n)), packed.nbytes
 
 
 CANDIDATES = {
@@ -194,10 +197,11 @@ def run_shape(name: str, ggml_type: int, cands: list[Candidate], batches: list[i
     for c in cands:
         c.copies, c.times, c.next_copy = [], {}, 0
         for i in range(copies):
-            fn = c.make(random_blocks(ggml_type, n, k, seed=i), ggml_type)
-            if fn is None:
+            made = c.make(random_blocks(ggml_type, n, k, seed=i), ggml_type)
+            if made is None:
                 break
-            c.copies.append(fn)
+            c.copies.append(made[0])
+            c.nbytes = made[1]
         if c.copies:
             live.append(c)
     xs = {m: torch.randn(m, k, generator=torch.Generator().manual_seed(m)) for m in batches}
@@ -217,14 +221,16 @@ def run_shape(name: str, ggml_type: int, cands: list[Candidate], batches: list[i
                 c.times.setdefault(m, []).append((time.perf_counter() - t0) / calls)
     type_name = "Q4_K" if ggml_type == Q4_K else "Q6_K"
     table = Table(f"{name}: {n}x{k} {type_name} ({weight_bytes / 2**20:.1f} MiB as stored)",
-                  ["candidate", "M", "µs per call", "spread", "GB/s (stored bytes)", "vs as stored"])
+                  ["candidate", "M", "µs per call", "spread", "bits per weight", "GB/s (stored bytes)",
+                   "vs as stored"])
     for m in batches:
         base = statistics.median(live[0].times[m]) if live and live[0].name == "as stored" else None
         for c in live:
             t = c.times[m]
             med = statistics.median(t)
             table.add(c.name, m, round(med * 1e6, 1), f"{(max(t) - min(t)) / med:.0%}",
-                      round(weight_bytes / med / 1e9, 2), f"{med / base:.2f}x" if base else "")
+                      round(8 * c.nbytes / (n * k), 2), round(weight_bytes / med / 1e9, 2),
+                      f"{med / base:.2f}x" if base else "")
     table.notes.append(f"{copies} copies rotated, {rounds} interleaved rounds; 'vs as stored': time ratio (>1 slower).")
     return table
 
