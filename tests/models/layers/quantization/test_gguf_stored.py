@@ -16,7 +16,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from tests.models.layers.quantization.test_gguf import _load, _logits
+from tests.models.layers.quantization.test_gguf import _load, _logits, _mapped_file
 from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 from vx.models.layers.quantization import gguf as gguf_method
 from vx.models.layers.quantization.gguf_stored import StoredGGUFWeight
@@ -55,8 +55,10 @@ def test_a_q4_k_m_file_keeps_its_blocks_as_stored(tiny_gguf):
     down = layer.mlp.down_proj.__dict__["gguf_kernels"]
     assert [k.ggml_type for k in down] == [T.Q6_K]
     assert model.lm_head.__dict__["gguf_head"].ggml_type == T.Q6_K
-    # The bytes kept are the file's: 144 per 256 weights of Q4_K, 210 of Q6_K.
+    # The bytes kept are the file's: 144 per 256 weights of Q4_K, 210 of Q6_K; a layer of one shard keeps the
+    # file's mapping itself (only fused shards are copied together).
     assert down[0].nbytes == 256 * 512 // 256 * 210
+    assert _mapped_file(down[0].blocks.data_ptr()) == tiny.gguf_path
 
 
 def test_float_activations_keep_the_repacked_path(tiny_gguf, monkeypatch):
