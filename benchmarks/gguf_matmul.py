@@ -10,7 +10,7 @@ random blocks (small finite scales: valid data). Candidates, each y = x @ W^T fo
   VNNI code for Q4_K and Q6_K where it has AVX-512 VNNI), `as stored, 256-bit` (the same CPU, 256-bit code only)
   and `as stored, AVX2` (the build an AVX2-only CPU gets);
 - `as stored, decoded panels`: the many-row way, chunks of the stored weight decoded per call into the int8
-  kernel's panels; `as stored, vx's choice`: what `product` picks at that M (the panels from `MANY_ROWS` rows on);
+  kernel's panels; `as stored, vx's choice`: what `product` picks at that M (the panels from `many_rows(type)` rows on);
 - `repacked int8`: vx's int8-activation kernel on the weight repacked at load (4-bit groups of 32 with float16 scale
   and zero for Q4_K, 8-bit groups of 16 for Q6_K): what vx ran before for VX_CPU_MATMUL=auto/int8;
 - `repacked float`: the exact float path on the same repacked weight (VX_CPU_MATMUL=float);

@@ -167,14 +167,15 @@ def test_many_rows_through_decoded_panels(ggml_type: int, monkeypatch) -> None:
 
 
 def test_product_takes_the_panels_from_many_rows_on() -> None:
-    from vx.kernels.gguf_matmul import MANY_ROWS
+    from vx.kernels.gguf_matmul import many_rows
     from vx.kernels.quant_matmul import load_quant_matmul_kernel
 
     kernel, repacked = load_gguf_matmul_kernel(), load_quant_matmul_kernel()
     if kernel is None or not kernel.many_rows_serves(T.Q4_K, repacked):
         pytest.skip("no panel decoder or int8 kernel here")
     raw = random_blocks(T.Q4_K, 20, 256, seed=6)
-    x = torch.randn(MANY_ROWS, 256, generator=torch.Generator().manual_seed(7))
+    rows = many_rows(T.Q4_K)
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(7))
     assert torch.equal(kernel.product(x, raw, T.Q4_K), kernel.matmul_many_rows(x, raw, T.Q4_K, repacked))
-    few = x[:MANY_ROWS - 1]
+    few = x[:rows - 1]
     assert torch.equal(kernel.product(few, raw, T.Q4_K), kernel.matmul(few, raw, T.Q4_K))

@@ -30,15 +30,23 @@ _SOURCE_PANELS = Path(__file__).with_name("csrc") / "gguf_panels.c"
 # Bytes of panels decoded per chunk of a many-row product: each chunk costs the int8 kernel one more rounding of x,
 # so few and large, but bounded, so that a call's scratch stays small beside the weight.
 _PANEL_CHUNK_BYTES = 16 << 20
-# From how many rows of x a product takes the decoded panels instead of the as-stored kernel: measured with
-# `python -m benchmarks.gguf_matmul --batches 1,4,16,64,512 --candidates stored,panels` (AVX-512 VNNI EPYC).
-MANY_ROWS = 32
+# From how many rows of x a product takes the decoded panels instead of the as-stored kernel, per GGML type (Q6_K's
+# decode costs more): the crossings measured with `python -m benchmarks.gguf_matmul --threads 1 --shapes
+# 1.7b_gate,1.7b_down --batches 1,4,16,32,64,512 --candidates stored,panels` (AVX-512 VNNI EPYC): Q4_K between 16
+# and 32 rows, Q6_K about 64. The other types are not measured and take Q4_K's.
+MANY_ROWS, MANY_ROWS_Q6_K = 32, 64
+_Q6_K = 14
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-std=gnu11")
 # Build flags that take AVX-512 and VNNI away: the build an AVX2-only CPU gets, run on an AVX-512 machine.
 _AVX2_ONLY = ("-mno-avx512f", "-mno-avxvnni")
 # One thread's time per stored weight byte, in ns: a fixed part (reading and decoding it) and one per row of x.
-# Fitted to `python -m benchmarks.gguf_matmul` at batch 1-16 on one thread (AVX-512 VNNI EPYC).
-_NS_PER_BYTE, _NS_PER_BYTE_ROW = 0.08, 0.08
+# Fitted to `python -m benchmarks.gguf_matmul --threads 1 --batches 1,4,16` (AVX-512 VNNI EPYC, 1.7B shapes).
+_NS_PER_BYTE, _NS_PER_BYTE_ROW = 0.05, 0.02
+
+
+def many_rows(ggml_type: int) -> int:
+    """From how many rows of x a product with a weight of `ggml_type` takes the decoded panels."""
+    return MANY_ROWS_Q6_K if ggml_type == _Q6_K else MANY_ROWS
 
 
 def serial_us(m: int, weight_bytes: int) -> float:
@@ -114,10 +122,10 @@ class GGUFMatmulKernel:
 
     def product(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, amx: bool = False) -> torch.Tensor:
         """x [M, K] float32 @ W^T -> [M, N] float32 by the way that serves M rows best: the as-stored kernel, or
-        from `MANY_ROWS` rows on the decoded panels (`amx`: on AMX tiles where the int8 kernel has them, for a
+        from `many_rows(ggml_type)` rows on the decoded panels (`amx`: on AMX tiles where the int8 kernel has them, for a
         bf16 model's activations, as a repacked weight would)."""
         m, k = x.shape
-        if m >= MANY_ROWS and self.many_rows_serves(ggml_type, self._repacked):
+        if m >= many_rows(ggml_type) and self.many_rows_serves(ggml_type, self._repacked):
             amx = amx and m >= AMX_MIN_ROWS and self._repacked.amx_for(True, k)
             return self.matmul_many_rows(x, blocks, ggml_type, self._repacked, amx=amx)
         return self.matmul(x, blocks, ggml_type)
