@@ -31,10 +31,11 @@ _SOURCE_PANELS = Path(__file__).with_name("csrc") / "gguf_panels.c"
 # so few and large, but bounded, so that a call's scratch stays small beside the weight.
 _PANEL_CHUNK_BYTES = 16 << 20
 # From how many rows of x a product takes the decoded panels instead of the as-stored kernel, per GGML type (Q6_K's
-# decode costs more): the crossings measured with `python -m benchmarks.gguf_matmul --threads 1 --shapes
-# 1.7b_gate,1.7b_down --batches 1,4,16,32,64,512 --candidates stored,panels` (AVX-512 VNNI EPYC): Q4_K between 16
-# and 32 rows, Q6_K about 64. The other types are not measured and take Q4_K's.
-MANY_ROWS, MANY_ROWS_Q6_K = 32, 64
+# decode costs more): the crossings measured with `python -m benchmarks.gguf_matmul --shapes 1.7b_gate,1.7b_down
+# --batches 1,4,16,32,64,512 --candidates stored,panels` (AVX-512 VNNI EPYC, docs/performance.md): Q4_K between 16
+# and 32 rows on one or two threads; Q6_K about 64 on one thread, above 64 on two. The other types are not
+# measured and take Q4_K's.
+MANY_ROWS, MANY_ROWS_Q6_K = 32, 128
 _Q6_K = 14
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-std=gnu11")
 # Build flags that take AVX-512 and VNNI away: the build an AVX2-only CPU gets, run on an AVX-512 machine.
