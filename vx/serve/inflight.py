@@ -5,7 +5,8 @@ Each request runs inside its own cancel scope, registered here by the request gu
 generation requests in flight and the request bodies that are slow to arrive, so that one client cannot hold every
 slot. A body is slow once it has been arriving for `slow_body_s`: a working client's bodies arrive within
 milliseconds, but a burst of its requests may have every body arriving at once, so only time tells a slow
-sender apart.
+sender apart. The time is the client's: a busy server's event loop gets to a body late, so how late the loop has
+run lately (`watch_loop`) is added to `slow_body_s`, and a storm of working clients is not taken for slow senders.
 
 A shutdown first sets `draining` (new requests get 503), waits for the running ones, then calls `stop_all()`:
 every scope is cancelled and the guard ends each response properly (an error event and `[DONE]` for a stream,
@@ -17,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Iterator
 
 import anyio
 
-SLOW_BODY_S = 1.0  # a body still arriving after this long is a slow one
+SLOW_BODY_S = 1.0  # a body still arriving after this long (plus the loop's recent lateness) is a slow one
+LOOP_TICK_S = 0.1  # how often `watch_loop` looks at the event loop's lateness
+LOOP_LAG_WINDOW_S = 5.0  # how long a late tick counts
 
 
 class InFlight:
@@ -34,6 +37,7 @@ class InFlight:
         self._generating: Counter[str] = Counter()  # client -> its generation requests in flight
         self._bodies: dict[str, dict[int, float]] = {}  # client -> {body: when it began to arrive}
         self._body_ids = itertools.count()
+        self._late_ticks: deque[tuple[float, float]] = deque()  # (when, how late) of the loop's recent late ticks
         self.draining = False  # the server is stopping: refuse new requests
         self.stopping = False  # the grace period is over: running requests are being ended
 
@@ -52,9 +56,26 @@ class InFlight:
         """Generation requests of `client` now running (their bodies still arriving, or being answered)."""
         return self._generating[client]
 
+    def loop_lag(self) -> float:
+        """How late (s) the event loop ran a timer at worst in the last `LOOP_LAG_WINDOW_S` (0 unwatched)."""
+        now = time.monotonic()
+        while self._late_ticks and self._late_ticks[0][0] < now - LOOP_LAG_WINDOW_S:
+            self._late_ticks.popleft()
+        return max((lag for _, lag in self._late_ticks), default=0.0)
+
+    async def watch_loop(self) -> None:
+        """Note how late the event loop runs (until cancelled): the server's own delay in reading a body."""
+        while True:
+            start = time.monotonic()
+            await anyio.sleep(LOOP_TICK_S)
+            now = time.monotonic()
+            if now - start > 2 * LOOP_TICK_S:
+                self._late_ticks.append((now, now - start - LOOP_TICK_S))
+
     def slow_bodies_for(self, client: str) -> int:
-        """Request bodies of `client` that have been arriving for longer than `slow_body_s`."""
-        began_before = time.monotonic() - self.slow_body_s
+        """Request bodies of `client` that have been arriving for longer than `slow_body_s`, on the client's time
+        (the event loop's recent lateness added)."""
+        began_before = time.monotonic() - self.slow_body_s - self.loop_lag()
         return sum(began <= began_before for began in self._bodies.get(client, {}).values())
 
     @contextlib.contextmanager
