@@ -6,7 +6,8 @@ generation requests in flight and the request bodies that are slow to arrive, so
 slot. A body is slow once it has been arriving for `slow_body_s`: a working client's bodies arrive within
 milliseconds, but a burst of its requests may have every body arriving at once, so only time tells a slow
 sender apart. The time is the client's: a busy server's event loop gets to a body late, so how late the loop has
-run lately (`watch_loop`) is added to `slow_body_s`, and a storm of working clients is not taken for slow senders.
+run since the body began (`watch_loop`) is taken off its time, and a storm of working clients on a busy server is
+not taken for slow senders.
 
 A shutdown first sets `draining` (new requests get 503), waits for the running ones, then calls `stop_all()`:
 every scope is cancelled and the guard ends each response properly (an error event and `[DONE]` for a stream,
@@ -23,9 +24,9 @@ from typing import Iterator
 
 import anyio
 
-SLOW_BODY_S = 1.0  # a body still arriving after this long (plus the loop's recent lateness) is a slow one
+SLOW_BODY_S = 1.0  # a body still arriving after this long, on its client's time, is a slow one
 LOOP_TICK_S = 0.1  # how often `watch_loop` looks at the event loop's lateness
-LOOP_LAG_WINDOW_S = 5.0  # how long a late tick counts
+LATE_TICKS_KEPT_S = 120.0  # longer than any body may take to arrive (--body-timeout)
 
 
 class InFlight:
@@ -56,12 +57,12 @@ class InFlight:
         """Generation requests of `client` now running (their bodies still arriving, or being answered)."""
         return self._generating[client]
 
-    def loop_lag(self) -> float:
-        """How late (s) the event loop ran a timer at worst in the last `LOOP_LAG_WINDOW_S` (0 unwatched)."""
+    def lateness_since(self, began: float) -> float:
+        """How late (s) the event loop has run its timers since `began` (0 unwatched): server time, not the client's."""
         now = time.monotonic()
-        while self._late_ticks and self._late_ticks[0][0] < now - LOOP_LAG_WINDOW_S:
+        while self._late_ticks and self._late_ticks[0][0] < now - LATE_TICKS_KEPT_S:
             self._late_ticks.popleft()
-        return max((lag for _, lag in self._late_ticks), default=0.0)
+        return sum(lag for when, lag in self._late_ticks if when >= began)
 
     async def watch_loop(self) -> None:
         """Note how late the event loop runs (until cancelled): the server's own delay in reading a body."""
@@ -73,10 +74,11 @@ class InFlight:
                 self._late_ticks.append((now, now - start - LOOP_TICK_S))
 
     def slow_bodies_for(self, client: str) -> int:
-        """Request bodies of `client` that have been arriving for longer than `slow_body_s`, on the client's time
-        (the event loop's recent lateness added)."""
-        began_before = time.monotonic() - self.slow_body_s - self.loop_lag()
-        return sum(began <= began_before for began in self._bodies.get(client, {}).values())
+        """Request bodies of `client` that have been arriving for longer than `slow_body_s` on the client's time
+        (the event loop's lateness since each began taken off)."""
+        now = time.monotonic()
+        return sum(now - began - self.lateness_since(began) > self.slow_body_s
+                   for began in self._bodies.get(client, {}).values())
 
     @contextlib.contextmanager
     def track(self, generation: bool, client: str | None = None) -> Iterator[anyio.CancelScope]:
