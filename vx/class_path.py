@@ -8,6 +8,13 @@ import importlib
 from typing import Any, Callable, Mapping
 
 
+def load_name(path: str) -> Any:
+    """What `path` ("package.module:name") names, its module imported now; `AttributeError` when the module has no
+    such name, `ImportError` when the module does not import."""
+    module_name, _, name = path.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
 def load_class(path: str, base: type, argument: str, base_name: str | None = None) -> type:
     """The subclass of `base` that `path` ("package.module:ClassName") names; `ValueError` naming `argument` (and
     `base_name`, default the class's name) when it is no such class. A module that does not import raises its

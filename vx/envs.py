@@ -72,7 +72,7 @@ VX_CPU_MATMUL: EnvVar[str] = EnvVar(
     "tiles instead: the weight dequantized to bf16 per call)")
 
 VX_DECODE_COMPILE: EnvVar[str] = EnvVar(
-    "VX_DECODE_COMPILE", "background", str,
+    "VX_DECODE_COMPILE", "background", _one_of("VX_DECODE_COMPILE", "background", "startup", "off"),
     "when the decode graphs are built: `background` (the CPU's compiled graphs, one batch size at a time while "
     "eager steps serve: size 1 at start-up, others when first needed; CUDA graphs are always captured at start-up), "
     "`startup` (all of them before the engine serves) or `off` (never: every step eager, as `enforce_eager=True`)")

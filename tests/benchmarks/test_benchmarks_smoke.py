@@ -11,6 +11,7 @@ from benchmarks import BENCHMARKS, get_main
 from benchmarks import run_all
 from benchmarks.common import (RANDOM_MODEL_SHAPES, Table, build_random_model, make_workload, percentile,
                                poisson_arrivals)
+from tests.support.kernel_cache import share_kernels
 
 pytestmark = pytest.mark.slow
 
@@ -242,6 +243,7 @@ def test_quantization(tmp_path, capsys):
 
 def test_gguf_memory(tiny_gguf, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    share_kernels(tmp_path / "cache")
     get_main("gguf_memory")(["--model", tiny_gguf("Q8_0").gguf_path, "--runs", "1", "--max-model-len", "64",
                              "--max-tokens", "4"])
     out = capsys.readouterr().out

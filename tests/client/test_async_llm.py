@@ -18,6 +18,7 @@ import anyio
 import msgspec
 import psutil
 import pytest
+from tests.support.app_process import MODEL_SIDE_CHECK
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids, cpu_seconds
 
 import vx
@@ -471,7 +472,7 @@ def test_application_process_never_imports_torch(tiny_model_dir):
         f"    async with vx.AsyncLLM({tiny_model_dir!r}, device='auto') as llm:\n"
         "        out = await llm.complete([5, 6, 7], vx.SamplingParams(max_tokens=3, temperature=0))\n"
         "        assert len(out.outputs[0].token_ids) == 3\n"
-        "    bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('vx.gpu', 'vx.models')))\n"
+        + "".join("    " + line + "\n" for line in MODEL_SIDE_CHECK.splitlines()) +
         "    assert not bad, bad[:10]\n"
         "if __name__ == '__main__':\n"
         "    anyio.run(main)\n"

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tests.support.kernel_cache import share_kernels
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids
 
 import vx
@@ -184,6 +185,7 @@ def hostile_models(tiny_model_dir, tmp_path_factory) -> dict[str, str]:
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_a_hostile_model_file_is_refused_naming_what_is_wrong(hostile_models, name, tmp_path, monkeypatch):
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))  # where a GGUF file's config directory would go
+    share_kernels(tmp_path)
     with pytest.raises(ValueError, match=HOSTILE[name][1]):
         vx.LLM(hostile_models[name], **ENGINE_KWARGS)
 
@@ -194,6 +196,7 @@ def test_a_hostile_model_file_is_refused_naming_what_is_wrong(hostile_models, na
 async def test_async_llm_refuses_a_hostile_model_file_as_it_starts(anyio_backend, hostile_models, name, tmp_path,
                                                                    monkeypatch):
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+    share_kernels(tmp_path)
     before = child_pids()
     llm = vx.AsyncLLM(hostile_models[name], **ENGINE_KWARGS)
     with pytest.raises(ValueError, match=HOSTILE[name][1]):
@@ -208,6 +211,7 @@ def test_why_the_gguf_config_child_failed_reaches_the_value_error(tmp_path, monk
     from tests.support.hostile_models import write_small_gguf
 
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    share_kernels(tmp_path / "cache")
     path = write_small_gguf(tmp_path / "falcon.gguf", arch="falcon")
     with pytest.raises(ValueError, match=r"Could not read the config of GGUF file .*falcon\.gguf': GGUF architecture "
                                          r"'falcon' is not supported; supported: llama"):
@@ -267,6 +271,7 @@ _PROBE = textwrap.dedent("""
 def test_hostile_model_files_fail_fast_with_bounded_memory(hostile_models, tmp_path):
     """Each hostile file is refused in under 5 s, growing the process by under 500 MB (the probes that found them
     saw over 6 GB after 70-80 s, or a model answering token 0)."""
+    share_kernels(tmp_path)
     env = {**os.environ, "VX_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(ENGINE_KWARGS), json.dumps(hostile_models)],
                          capture_output=True, text=True, env=env, timeout=180, cwd=str(Path(__file__).parents[2]))

@@ -9,6 +9,7 @@ import sys
 import msgspec
 import pytest
 
+from tests.support.app_process import MODEL_SIDE_CHECK
 from vx.client.processor import Processor
 from vx.client.tokenizer import eos_token_ids, load_tokenizer, special_token_ids
 from vx.core.protocol import EngineCoreRequest
@@ -262,7 +263,7 @@ def test_client_modules_do_not_import_torch(tiny_tokenizer_dir):
         "import vx.client.tokenizer, vx.client.processor, vx.client.output_processor, vx.client.detokenizer\n"
         f"tok = vx.client.tokenizer.load_tokenizer({tiny_tokenizer_dir!r})\n"
         "tok.encode('hello'); tok.decode([1, 2])\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(('vx.gpu', 'vx.models')))\n"
+        + MODEL_SIDE_CHECK +
         "assert not bad, bad\n"
     )
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")

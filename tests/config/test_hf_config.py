@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
+from tests.support.kernel_cache import share_kernels
 from vx.config import EngineArgs, ModelConfig, decode_config, encode_config, hf_head_dim, hf_num_kv_heads, read_json
 from vx.config.hf_config import config_fields, resolve_hf_config
 
@@ -70,6 +71,7 @@ def test_a_config_is_resolved_through_transformers_once_then_from_the_cache(tmp_
     4096, neither in config.json) as transformers does, and keeps the result: a second engine with the same fields
     reads the cache file and does not import transformers. Other fields or another model type miss the cache."""
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+    share_kernels(tmp_path)
     base = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     qwen3 = resolve_hf_config(dict(base, model_type="qwen3"), "m")
     mistral = resolve_hf_config(dict(base, model_type="mistral"), "m")

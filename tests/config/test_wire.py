@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect
 
+from tests.support.kernel_cache import share_kernels
 from vx.config import EngineArgs, VxConfig, decode_config, encode_config
 from vx.config.hf_config import HFConfig, config_fields
 
@@ -80,6 +81,7 @@ def test_the_engine_process_runs_the_model_without_importing_transformers(tiny_m
                         max_model_len=128).create_config(light=True)
     (tmp_path / "config.bin").write_bytes(encode_config(config))
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+    share_kernels(tmp_path)
     decode_config(encode_config(config))  # a first engine's start: resolves through transformers, caches
     code = """if True:
         import sys

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from tests.support.kernel_cache import share_kernels
 from tests.support.engine_processes import ENGINE_KWARGS, child_pids
 
 import vx
@@ -84,6 +85,7 @@ def _prompt_logprobs(model: str, prompts: list[list[int]]) -> list[float]:
 
 def test_a_gguf_path_chats(tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    share_kernels(tmp_path / "cache")
     tiny = tiny_gguf("Q4_K_M")
     llm = vx.LLM(tiny.gguf_path, **ENGINE_KWARGS)
     try:

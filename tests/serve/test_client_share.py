@@ -202,6 +202,25 @@ async def test_a_burst_of_bodies_arriving_at_once_is_not_slow(anyio_backend):
     assert statuses == [200] * 5
 
 
+
+@pytest.mark.anyio
+@BOTH_BACKENDS
+async def test_a_late_event_loop_does_not_make_bodies_slow(anyio_backend):
+    # A busy server reads a body late: that time is the server's, not the client's.
+    inflight = InFlight(slow_body_s=0.3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(inflight.watch_loop)
+        await anyio.sleep(0.15)
+        began = time.monotonic()
+        with inflight.receiving_body("10.0.0.1"):
+            time.sleep(0.5)  # the loop is held: every body waits for it
+            await anyio.sleep(0.05)
+            assert inflight.lateness_since(began) > 0.3
+            assert inflight.slow_bodies_for("10.0.0.1") == 0
+            await anyio.sleep(0.8)  # still arriving long after the loop caught up: a slow sender
+            assert inflight.slow_bodies_for("10.0.0.1") == 1
+        tg.cancel_scope.cancel()
+
 def test_a_client_is_its_address_or_its_ipv6_64():
     def key(client, **scope):
         return client_key({"client": client, **scope})

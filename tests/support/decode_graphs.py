@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tests.support.kernel_cache import share_kernels
 import vx
 
 MAX_NEW = 20
@@ -86,6 +87,7 @@ llm.shutdown()
 def aoti_engine_in_process_of_its_own(model: str, cache_dir: Path, prompts, **engine_args) -> dict:
     """What an engine process with AOT-compiled graphs (all built at start-up, cached in `cache_dir`) reports after
     serving `prompts` greedily: tokens, steps per size, ready sizes, fallback, children run, key, compiler modules."""
+    share_kernels(cache_dir)
     env = dict(os.environ, VX_DECODE_COMPILE="startup", VX_CACHE_DIR=str(cache_dir), VX_DECODE_GRAPHS="aoti",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, "-c", _ENGINE, model, json.dumps(engine_args), json.dumps(prompts)],

@@ -81,14 +81,18 @@ def build_app(llm: Any, *, served_model_names: list[str] | None = None, api_key:
             if not start_engine:
                 yield
                 return
-            async with llm:
+            async with llm, anyio.create_task_group() as watchers:
+                watchers.start_soon(state.inflight.watch_loop)
                 logger.info("vx serve: the engine is ready; serving %s", ", ".join(names))
                 if freeze_heap:
                     # What start-up built lives as long as the server: out of the collector's full passes, which
                     # would otherwise walk it and stall every stream for a large part of a second.
                     gc.collect()
                     gc.freeze()
-                yield
+                try:
+                    yield
+                finally:
+                    watchers.cancel_scope.cancel()
         finally:
             await state.templates.aclose()
 

@@ -5,7 +5,9 @@ Each request runs inside its own cancel scope, registered here by the request gu
 generation requests in flight and the request bodies that are slow to arrive, so that one client cannot hold every
 slot. A body is slow once it has been arriving for `slow_body_s`: a working client's bodies arrive within
 milliseconds, but a burst of its requests may have every body arriving at once, so only time tells a slow
-sender apart.
+sender apart. The time is the client's: a busy server's event loop gets to a body late, so how late the loop has
+run since the body began (`watch_loop`) is taken off its time, and a storm of working clients on a busy server is
+not taken for slow senders.
 
 A shutdown first sets `draining` (new requests get 503), waits for the running ones, then calls `stop_all()`:
 every scope is cancelled and the guard ends each response properly (an error event and `[DONE]` for a stream,
@@ -17,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Iterator
 
 import anyio
 
-SLOW_BODY_S = 1.0  # a body still arriving after this long is a slow one
+SLOW_BODY_S = 1.0  # a body still arriving after this long, on its client's time, is a slow one
+LOOP_TICK_S = 0.1  # how often `watch_loop` looks at the event loop's lateness
+LATE_TICKS_KEPT_S = 120.0  # longer than any body may take to arrive (--body-timeout)
 
 
 class InFlight:
@@ -34,6 +38,7 @@ class InFlight:
         self._generating: Counter[str] = Counter()  # client -> its generation requests in flight
         self._bodies: dict[str, dict[int, float]] = {}  # client -> {body: when it began to arrive}
         self._body_ids = itertools.count()
+        self._late_ticks: deque[tuple[float, float]] = deque()  # (when, how late) of the loop's recent late ticks
         self.draining = False  # the server is stopping: refuse new requests
         self.stopping = False  # the grace period is over: running requests are being ended
 
@@ -52,10 +57,28 @@ class InFlight:
         """Generation requests of `client` now running (their bodies still arriving, or being answered)."""
         return self._generating[client]
 
+    def lateness_since(self, began: float) -> float:
+        """How late (s) the event loop has run its timers since `began` (0 unwatched): server time, not the client's."""
+        now = time.monotonic()
+        while self._late_ticks and self._late_ticks[0][0] < now - LATE_TICKS_KEPT_S:
+            self._late_ticks.popleft()
+        return sum(lag for when, lag in self._late_ticks if when >= began)
+
+    async def watch_loop(self) -> None:
+        """Note how late the event loop runs (until cancelled): the server's own delay in reading a body."""
+        while True:
+            start = time.monotonic()
+            await anyio.sleep(LOOP_TICK_S)
+            now = time.monotonic()
+            if now - start > 2 * LOOP_TICK_S:
+                self._late_ticks.append((now, now - start - LOOP_TICK_S))
+
     def slow_bodies_for(self, client: str) -> int:
-        """Request bodies of `client` that have been arriving for longer than `slow_body_s`."""
-        began_before = time.monotonic() - self.slow_body_s
-        return sum(began <= began_before for began in self._bodies.get(client, {}).values())
+        """Request bodies of `client` that have been arriving for longer than `slow_body_s` on the client's time
+        (the event loop's lateness since each began taken off)."""
+        now = time.monotonic()
+        return sum(now - began - self.lateness_since(began) > self.slow_body_s
+                   for began in self._bodies.get(client, {}).values())
 
     @contextlib.contextmanager
     def track(self, generation: bool, client: str | None = None) -> Iterator[anyio.CancelScope]:

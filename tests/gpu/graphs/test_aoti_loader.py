@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import vx
+from tests.support.kernel_cache import share_kernels
 from tests.support.decode_graphs import (REPO, TINY_KV_BLOCKS, aoti_engine_in_process_of_its_own, greedy_prompts,
                                          hf_greedy, runner, vx_greedy)
 from vx.gpu.graphs import aoti_cache
@@ -80,6 +81,7 @@ def _tiny_aoti_engine(model: str, monkeypatch, tmp_path, caplog) -> tuple[list[l
     monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
     monkeypatch.setenv("VX_DECODE_GRAPHS", "aoti")
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+    share_kernels(tmp_path)
     # One graph (each compile costs seconds), the key of `tiny_package`.
     llm = vx.LLM(model, dtype="float32", device="cpu", max_num_seqs=1, num_kv_blocks=TINY_KV_BLOCKS)
     try:
@@ -148,6 +150,7 @@ def test_an_interpreter_that_exits_mid_compile_kills_the_child_instead_of_waitin
     pid_file.write_text("")
     (tmp_path / "hung_compile.py").write_text(
         f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    share_kernels(tmp_path / "cache")
     env = dict(os.environ, VX_DECODE_COMPILE="background", VX_CACHE_DIR=str(tmp_path / "cache"),
                VX_DECODE_GRAPHS="aoti",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), str(tmp_path), os.environ.get("PYTHONPATH")) if p))
@@ -172,6 +175,7 @@ def test_a_shutdown_mid_compile_kills_the_child_without_a_warning(tiny_model_dir
     monkeypatch.setenv("VX_DECODE_COMPILE", "background")
     monkeypatch.setenv("VX_DECODE_GRAPHS", "aoti")
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path / "cache"))
+    share_kernels(tmp_path / "cache")
     monkeypatch.setattr(aoti_cache, "CHILD_MODULE", "hung_compile")
     with caplog.at_level(logging.DEBUG, logger="vx.gpu"):
         llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=1)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vx
+from tests.support.kernel_cache import share_kernels
 from tests.support.decode_graphs import TINY_KV_BLOCKS, greedy_prompts, hf_greedy, runner, vx_greedy
 from vx.gpu.graphs.decode_graphs import IDLE_BEFORE_COMPILE_S, DecodeGraphs
 
@@ -72,6 +73,7 @@ def test_steps_run_eagerly_until_their_size_is_compiled(tiny_model_dir, tiny_pac
     compiled here.)"""
     shutil.copytree(tiny_package[0], tmp_path, dirs_exist_ok=True)
     monkeypatch.setenv("VX_CACHE_DIR", str(tmp_path))
+    share_kernels(tmp_path)
     monkeypatch.setenv("VX_DECODE_COMPILE", "background")
     llm = vx.LLM(tiny_model_dir, dtype="float32", device="cpu", max_num_seqs=4, num_kv_blocks=TINY_KV_BLOCKS)
     try:

@@ -3,18 +3,16 @@ in the order the registry's rows give."""
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
+from vx.class_path import load_name
 from vx.gpu.attention.backend import AttentionBackend
 from vx.gpu.attention.registry import AUTO, attention_backend, auto_order, fallback_backend, mla_backend
 
 
 def load_backend(name: str) -> type[AttentionBackend]:
     """The backend class registered as `name`, its module imported now (and kept by Python's import cache)."""
-    module, _, cls = attention_backend(name).backend_class.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_name(attention_backend(name).backend_class)
 
 
 def backend_problem(name: str, device: str | torch.device, *, dtype: torch.dtype | None = None,

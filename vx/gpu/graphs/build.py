@@ -22,9 +22,6 @@ from vx.gpu.graphs.cuda import CudaGraphs
 from vx.gpu.graphs.decode_graphs import DecodeGraphs
 from vx.gpu.graphs.inductor import InductorGraphs
 
-COMPILE_WHEN = ("background", "startup", "off")
-
-
 def build_decode_graphs(model: torch.nn.Module, config: VxConfig, device: torch.device,
                         attn_backend: type[AttentionBackend], num_kv_blocks: int,
                         kv_cache_groups: tuple[KVCacheGroupSpec, ...], several_ranks: bool) -> DecodeGraphs | None:
@@ -32,8 +29,6 @@ def build_decode_graphs(model: torch.nn.Module, config: VxConfig, device: torch.
     first sizes built or queued; None when `enforce_eager`, `VX_DECODE_COMPILE=off`, a rank of several, or a model
     or attention backend that cannot run inside one."""
     when = envs.VX_DECODE_COMPILE.get()
-    if when not in COMPILE_WHEN:
-        raise ValueError(f"VX_DECODE_COMPILE={when!r}: expected background, startup or off.")
     # A rank of several runs eagerly: its collectives and stage transfers are not captured in a graph yet.
     if (config.device_config.enforce_eager or when == "off" or several_ranks
             or not getattr(model, "supports_decode_graphs", True)

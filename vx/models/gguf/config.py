@@ -16,12 +16,12 @@ application's process never imports torch (transformers does).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
+from vx.class_path import load_name
 from vx.config.checkpoint_files import checked_gguf_header
 from vx.models.gguf.header import TensorInfo, read_gguf_header
 from vx.models.registry import gguf_architecture
@@ -43,7 +43,7 @@ def write_gguf_config(src: str, dst: str) -> None:
     if quirks.whole_config is not None:
         # transformers maps no config of this architecture (nor, through it, AutoTokenizer): the config is read by
         # the row's function and the tokenizer by the class that converts a GGUF vocabulary whatever the architecture.
-        config = _function(quirks.whole_config)(src)
+        config = load_name(quirks.whole_config)(src)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
     else:
         config = family_config(src, arch, AutoConfig.from_pretrained(folder, gguf_file=name))
@@ -109,7 +109,7 @@ def family_config(path: str, arch: str, config: Any) -> Any:
     if quirks.wide_query_scale_layers is not None or quirks.metadata_fields or quirks.dropped_fields:
         config = _rebuilt(config, cfg)
     if quirks.config_fields is not None:
-        config = _function(quirks.config_fields)(config, file)
+        config = load_name(quirks.config_fields)(config, file)
     return config
 
 
@@ -117,12 +117,6 @@ def _rebuilt(config: Any, cfg: dict[str, Any]) -> Any:
     """A config of `config`'s class from the edited fields `cfg`."""
     cfg.pop("model_type", None)
     return type(config).from_dict(cfg)
-
-
-def _function(path: str) -> Callable[..., Any]:
-    """The function a registry row names as "module:function"."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def phi3_rope(config: Any, file: GGUFFile) -> Any:

@@ -3,19 +3,18 @@ what the engine config says, and the methods' readying of the weights once they 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
 
+from vx.class_path import load_name
 from vx.models.layers.quantization.base_config import QuantizationConfig
 from vx.models.layers.quantization.registry import QUANTIZATION_NAMES, quantization_method
 
 
 def get_quantization_config_class(name: str) -> type[QuantizationConfig]:
     """The `QuantizationConfig` class of method `name`; `ValueError` naming the known ones otherwise."""
-    module_name, class_name = quantization_method(name).config_class.split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return load_name(quantization_method(name).config_class)
 
 
 def get_quantization_config(name: str | None, checkpoint_config: dict[str, Any] | None) -> QuantizationConfig | None:

@@ -109,10 +109,15 @@ QUANTIZATION_NAMES: tuple[str, ...] = tuple(m.name for m in METHODS)
 """Every value `quantization=` accepts besides None (None: whatever the checkpoint says, else none)."""
 
 
+def find_quantization_method(name: str) -> QuantizationMethod | None:
+    """The row of method `name`; None when no row has that name."""
+    return next((m for m in METHODS if m.name == name), None)
+
+
 def quantization_method(name: str) -> QuantizationMethod:
     """The row of method `name`; `ValueError` naming the known ones otherwise."""
-    for method in METHODS:
-        if method.name == name:
-            return method
+    method = find_quantization_method(name)
+    if method is not None:
+        return method
     raise ValueError(f"Quantization method {name!r} is not supported; supported: "
                      f"{', '.join(QUANTIZATION_NAMES) or 'none'}.")

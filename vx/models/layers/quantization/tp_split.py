@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vx.models.layers.quantization.registry import METHODS, QuantizationMethod
+from vx.models.layers.quantization.registry import METHODS, find_quantization_method
 
 SPLIT_METHODS: tuple[str, ...] = tuple(m.name for m in METHODS if m.splits)
 """The quantization methods whose weights split over tensor-parallel ranks."""
@@ -58,16 +58,11 @@ def _has_dense_mlp(hf_config: Any) -> bool:
     return True
 
 
-def _method(name: str) -> QuantizationMethod | None:
-    """The row of method `name` (None for a name no row has)."""
-    return next((m for m in METHODS if m.name == name), None)
-
-
 def check_quantized_split(method: str | None, hf_config: Any, tp: int, head_dim: int, kv_heads: int) -> None:
     """`ValueError` unless the quantized model `method` splits over `tp` tensor-parallel ranks (module docstring)."""
     if tp == 1 or method is None:
         return
-    row = _method(method)
+    row = find_quantization_method(method)
     if row is None or not row.splits:
         reason = row.not_split_reason if row is not None else "this format is not split across ranks"
         raise ValueError(f"tensor_parallel_size={tp}: quantized weights ({method}) are not split across "
