@@ -112,13 +112,20 @@ AI float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* x's int8 form: xq [M][K], dx [M][K / QB], sums of xq per 16 [M][K / 16]. */
+/* x's int8 form: xq [M][K], dx [M][K / QB], sums of xq per 16 [M][K / 16]; for QB = 32 also f [M][K / 32][2]:
+ * dx and dx times the block's sum of xq, as floats (what a block's offset c multiplies). */
 typedef struct {
     const int8_t *q;
     const float *d;
     const int16_t *s;
+    const float *f;
     int64_t K, QB;
 } xrows;
+
+/* The floats f of one row of x (see xrows) out of its steps and sums per 16. */
+static void block_sums_32(const float *xd, const int16_t *xs, int64_t K, float *xf) {
+    for (int64_t b = 0; b < K / 32; b++) xf[2 * b] = xd[b], xf[2 * b + 1] = xd[b] * (float)(xs[2 * b] + xs[2 * b + 1]);
+}
 
 /* One row of x to int8 per block of QB (a multiple of 16), with the block steps and the sums per 16. */
 static void quantize_row(const float *x, int64_t K, int64_t QB, int8_t *xq, float *xd, int16_t *xs) {
@@ -312,6 +319,11 @@ AI __m256i fifth_bits(const uint8_t *p) {
 /* IQ4_XS's 16 weight values (GGML's kvalues_iq4nl), indexed by a nibble. */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
+/* IQ4_XS: sub-block j's 6-bit scale, a nibble of byte 4 + j / 2 below and 2 bits of the uint16 at byte 2 above. */
+AI int iq4_scale(const uint8_t *w, int j) {
+    return ((w[4 + j / 2] >> (4 * (j % 2))) & 15) | (((w[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
+}
+
 /* Sub-block j of the block of `type` at w (see each type's layout at the top). */
 AI void decode32(const int type, const uint8_t *w, const int j, sub32 *s) {
     switch (type) {
@@ -325,20 +337,20 @@ AI void decode32(const int type, const uint8_t *w, const int j, sub32 *s) {
         default: { /* T_IQ4_XS: a table lookup per nibble; 6-bit scale - 32 per sub-block */
             const __m128i values = _mm_loadu_si128((const __m128i *)IQ4_VALUES);
             s->q = _mm256_shuffle_epi8(_mm256_set_m128i(values, values), nibbles32(w + 8 + 16 * j));
-            const int ls = ((w[4 + j / 2] >> (4 * (j % 2))) & 15) | (((w[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
-            s->d = f16(w) * (float)(ls - 32), s->c = 0.0f;
+            s->d = f16(w) * (float)(iq4_scale(w, j) - 32), s->c = 0.0f;
             break;
         }
     }
 }
 
-/* A block of `bw` bytes holding `subs` sub-blocks of 32; `sgn`: q is signed; `offset`: the weights have a c. */
+/* Blocks b0..nb of `bw` bytes holding `subs` sub-blocks of 32; `sgn`: q is signed; `offset`: the weights have a c. */
 AI void tile32(const int type, const int bw, const int subs, const int sgn, const int offset, const uint8_t *w,
-               int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+               int64_t b0, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
     __m256 acc[MT];
     float off[MT];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += bw)
+    w += b0 * bw;
+    for (int64_t b = b0; b < nb; b++, w += bw)
         for (int j = 0; j < subs; j++) {
             sub32 s;
             decode32(type, w, j, &s);
@@ -346,13 +358,10 @@ AI void tile32(const int type, const int bw, const int subs, const int sgn, cons
             const __m256i u = sgn ? _mm256_sign_epi8(s.q, s.q) : s.q;
             for (int r = 0; r < R; r++) {
                 const __m256i xq = load32(x->q + (m0 + r) * x->K + 32 * xb);
-                const float dx = x->d[(m0 + r) * (x->K / 32) + xb];
+                const float *xf = x->f + (m0 + r) * (x->K / 16) + 2 * xb; /* dx, dx * sum */
                 const __m256i dot = dot_quads(u, sgn ? _mm256_sign_epi8(xq, s.q) : xq);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s.d * dx), acc[r]);
-                if (offset) { /* c times x's sum over the sub-block */
-                    const int16_t *xs = x->s + (m0 + r) * (x->K / 16) + 2 * xb;
-                    off[r] += s.c * dx * (float)(xs[0] + xs[1]);
-                }
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(s.d * xf[0]), acc[r]);
+                if (offset) off[r] += s.c * xf[1]; /* c times x's sum over the sub-block */
             }
         }
     for (int r = 0; r < R; r++) y[r] = hsum(acc[r]) + off[r];
@@ -367,12 +376,6 @@ AI void tile32(const int type, const int bw, const int subs, const int sgn, cons
     X(q8_0, T_Q8_0, 34, 32, 1, 0)             \
     X(iq4_xs, T_IQ4_XS, 136, 256, 1, 0)
 
-#define TILE32_OF(name, type, bw, bk, sgn, offset)                                                        \
-    AI void tile_##name(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) { \
-        tile32(type, bw, bk / 32, sgn, offset, w, nb, x, m0, R, y);                                       \
-    }
-FAMILY32(TILE32_OF)
-#undef TILE32_OF
 
 #if WIDE
 AI __m512i load64(const void *p) { return _mm512_loadu_si512(p); }
@@ -463,7 +466,140 @@ AI void tile_q6_k_wide(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0,
     }
     for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]);
 }
+
+/* The 512-bit family: two sub-blocks A, B at a time, as 64 bytes in x's pair order (A's weights 0-15, B's 0-15, A's
+ * 16-31, B's 16-31: two runs of 16 nibbles side by side, then their high nibbles) and floats [dA, cA, dB, cB]. Every
+ * q is unsigned here (vpdpbusd cannot saturate): signed types take q + 128, and c = -128 d with it. */
+AI __m512i pair_nibbles(const uint8_t *a, const uint8_t *b) {
+    const __m256i y = _mm256_loadu2_m128i((const __m128i *)b, (const __m128i *)a);
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1),
+                            _mm512_set1_epi8(15));
+}
+
+/* Q5_0 / Q5_1: A's and B's fifth bits (uint32 at a and b) as bytes of 16 in pair order. */
+AI __m512i pair_fifth_bits(const uint8_t *a, const uint8_t *b) {
+    uint32_t ha, hb;
+    memcpy(&ha, a, 4);
+    memcpy(&hb, b, 4);
+    const uint64_t mask = (uint64_t)(ha & 0xffff) | (uint64_t)(hb & 0xffff) << 16 | (uint64_t)(ha >> 16) << 32 |
+                          (uint64_t)(hb >> 16) << 48;
+    return _mm512_maskz_set1_epi8((__mmask64)mask, 16);
+}
+
+/* [d, d, d', d'] for the float16 d at a and d' at b, times [1, k, 1, k]: each block's d and c = k d. */
+AI __m128 pair_scales(const uint8_t *a, const uint8_t *b, float k) {
+    uint16_t da, db;
+    memcpy(&da, a, 2);
+    memcpy(&db, b, 2);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(da | (uint32_t)db << 16)));
+    return _mm_mul_ps(_mm_unpacklo_ps(d, d), _mm_setr_ps(1.0f, k, 1.0f, k));
+}
+
+/* Sub-blocks A = (a, ja) and B = (b, jb) of `type` (a and b: their blocks), as above. */
+AI void decode_pair(const int type, const uint8_t *a, const int ja, const uint8_t *b, __m512i *q, __m128 *dc) {
+    switch (type) {
+        case T_Q4_0: *q = pair_nibbles(a + 2, b + 2), *dc = pair_scales(a, b, -8.0f); break;
+        case T_Q4_1: { /* d and m side by side at each block's start */
+            uint32_t fa, fb;
+            memcpy(&fa, a, 4);
+            memcpy(&fb, b, 4);
+            *q = pair_nibbles(a + 4, b + 4), *dc = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)fb, (int)fa));
+            break;
+        }
+        case T_Q5_0:
+            *q = _mm512_or_si512(pair_nibbles(a + 6, b + 6), pair_fifth_bits(a + 2, b + 2));
+            *dc = pair_scales(a, b, -16.0f);
+            break;
+        case T_Q5_1: {
+            uint32_t fa, fb;
+            memcpy(&fa, a, 4);
+            memcpy(&fb, b, 4);
+            *q = _mm512_or_si512(pair_nibbles(a + 8, b + 8), pair_fifth_bits(a + 4, b + 4));
+            *dc = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)fb, (int)fa));
+            break;
+        }
+        case T_Q8_0: { /* [A | B] with their middle 16-byte runs swapped, + 128 */
+            const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(load32(a + 2)), load32(b + 2), 1);
+            *q = _mm512_xor_si512(_mm512_shuffle_i64x2(ab, ab, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(-128));
+            *dc = pair_scales(a, b, -128.0f);
+            break;
+        }
+        default: { /* T_IQ4_XS: sub-blocks ja and ja + 1 of one block, their nibbles 32 bytes in a row */
+            const __m256i y = load32(a + 8 + 16 * ja);
+            const __m512i nib = _mm512_and_si512(
+                _mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1), _mm512_set1_epi8(15));
+            const __m128i values = _mm_xor_si128(_mm_loadu_si128((const __m128i *)IQ4_VALUES), _mm_set1_epi8(-128));
+            *q = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(values), nib);
+            const float d = f16(a), da = d * (float)(iq4_scale(a, ja) - 32);
+            const float db = d * (float)(iq4_scale(a, ja + 1) - 32);
+            *dc = _mm_setr_ps(da, -128.0f * da, db, -128.0f * db);
+            break;
+        }
+    }
+}
+
+/* x's int8 runs in pair order for the 512-bit family: in each 64 bytes (two blocks of 32) the middle runs of 16
+ * swap places; a last, unpaired block stays as it is. */
+static void pair_order_for_32(int8_t *xq, int64_t K) {
+    for (int64_t k = 0; k + 64 <= K; k += 64) {
+        int8_t t[16];
+        memcpy(t, xq + k + 16, 16);
+        memcpy(xq + k + 16, xq + k + 32, 16);
+        memcpy(xq + k + 32, t, 16);
+    }
+}
+
+AI void tile32_wide(const int type, const int bw, const int subs, const int sgn, const int offset, const uint8_t *w,
+                    int64_t nb, const xrows *x, int64_t m0, const int R, float *y) {
+    /* the int32 lanes of a pair's dot products: 0-3 and 8-11 A's, 4-7 and 12-15 B's; their scales' places in
+     * [dA dx, .., dB dx, ..] */
+    const __m512i lanes = _mm512_set_epi32(2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0);
+    __m512 acc[MT];
+    __m128 off[MT];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), off[r] = _mm_setzero_ps();
+    const int64_t pairs = nb * subs / 2;
+    for (int64_t p = 0; p < pairs; p++) {
+        __m512i q;
+        __m128 dc;
+        if (subs == 1) {
+            decode_pair(type, w + 2 * p * bw, 0, w + (2 * p + 1) * bw, &q, &dc);
+        } else {
+            const uint8_t *blk = w + (2 * p / subs) * bw;
+            decode_pair(type, blk, (int)(2 * p % subs), blk, &q, &dc);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load64(x->q + (m0 + r) * x->K + 64 * p));
+            /* [dA dxA, cA dxA sumA, dB dxB, cB dxB sumB] */
+            const __m128 t = _mm_mul_ps(dc, _mm_loadu_ps(x->f + (m0 + r) * (x->K / 16) + 4 * p));
+            off[r] = _mm_mask_add_ps(off[r], 0xa, off[r], t);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(t)),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]) + hsum(_mm256_castps128_ps256(off[r]));
+    if (nb * subs % 2) { /* an odd number of blocks of 32: the last one as the 256-bit code takes it */
+        float t[MT];
+        tile32(type, bw, subs, sgn, offset, w, nb - 1, nb, x, m0, R, t);
+        for (int r = 0; r < R; r++) y[r] += t[r];
+    }
+}
 #endif
+
+#if WIDE
+#define TILE32_OF(name, type, bw, bk, sgn, offset)                                                        \
+    AI void tile_##name(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) { \
+        tile32_wide(type, bw, bk / 32, sgn, offset, w, nb, x, m0, R, y);                                  \
+    }
+#define PREP_32 pair_order_for_32
+#else
+#define TILE32_OF(name, type, bw, bk, sgn, offset)                                                        \
+    AI void tile_##name(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, const int R, float *y) { \
+        tile32(type, bw, bk / 32, sgn, offset, w, 0, nb, x, m0, R, y);                                    \
+    }
+#define PREP_32 NULL
+#endif
+FAMILY32(TILE32_OF)
+#undef TILE32_OF
 
 /* y[m0 .. m0 + rows, n] for one weight row, in tiles of MT rows of x (constant R in each call, specialised). */
 #define ROWS_OF(fn)                                                                                      \
@@ -516,7 +652,7 @@ typedef struct {
     void (*prep_x)(int8_t *xq, int64_t K);
 } gguf_type;
 
-#define ROW32(name, type, bw, bk, sgn, offset) {type, bw, bk, 32, rows_tile_##name, NULL},
+#define ROW32(name, type, bw, bk, sgn, offset) {type, bw, bk, 32, rows_tile_##name, PREP_32},
 static const gguf_type TYPES[] = {
     FAMILY32(ROW32)
     {T_Q4_K, 144, 256, 256, ROWS_Q4_K, PREP_Q4_K},
@@ -553,12 +689,13 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
     if (!t || M < 0 || N < 0 || K <= 0 || K % t->bk || ldw < K / t->bk * t->bw || ldy < N) return -1;
     if (M == 0 || N == 0) return 0;
     const int64_t qb = t->qb;
-    char *scratch = malloc(M * K + M * (K / qb) * sizeof(float) + M * (K / 16) * sizeof(int16_t));
+    const int64_t nf = qb == 32 ? K / 16 : 0; /* floats of x->f a row */
+    char *scratch = malloc(M * K + M * (K / qb + nf) * sizeof(float) + M * (K / 16) * sizeof(int16_t));
     if (!scratch) return -2;
-    float *xd = (float *)scratch;
-    int16_t *xs = (int16_t *)(xd + M * (K / qb));
+    float *xd = (float *)scratch, *xf = xd + M * (K / qb);
+    int16_t *xs = (int16_t *)(xf + M * nf);
     int8_t *xq = (int8_t *)(xs + M * (K / 16));
-    const xrows xr = {xq, xd, xs, K, qb};
+    const xrows xr = {xq, xd, xs, xf, K, qb};
     const int64_t nb = K / t->bk;
     int64_t chunk = X_CHUNK_BYTES / K;
     chunk = chunk < MT ? MT : chunk - chunk % MT;
@@ -567,6 +704,7 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) {
             quantize_row(x + m * K, K, qb, xq + m * K, xd + m * (K / qb), xs + m * (K / 16));
+            if (nf) block_sums_32(xd + m * (K / qb), xs + m * (K / 16), K, xf + m * nf);
             if (t->prep_x) t->prep_x(xq + m * K, K);
         }
         for (int64_t m0 = 0; m0 < M; m0 += chunk) {
