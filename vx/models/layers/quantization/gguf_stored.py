@@ -1,10 +1,11 @@
 """A GGUF weight kept as the file stores it: its raw rows of blocks, multiplied by vx's as-stored C kernel
 (vx.kernels.gguf_matmul), so a step reads the file's bytes and no more (Q4_K: 4.5 bits a weight, against 5 for
-the repacked 4-bit layout; Q6_K: 6.56 against 10).
+the repacked 4-bit layout; Q6_K: 6.56 against 10; Q5_0: 5.5 against 9, IQ4_XS 4.25 against 9).
 
 Chosen at load for a GGUF tensor of a type the kernel serves, on the CPU, when `VX_CPU_MATMUL` asks for int8
 activations (`int8`, or `auto` on a CPU with VNNI): the repacked int8 path rounds x the same way, per group of 32
-there and per block of 256 (K types) or 32 here. `VX_CPU_MATMUL=float` keeps the exact repacked path.
+there and per block of 256 (Q4_K, Q5_K, Q6_K) or 32 (the other types) here. `VX_CPU_MATMUL=float` keeps the exact
+repacked path.
 """
 
 from __future__ import annotations
