@@ -66,9 +66,11 @@ class GGUFMatmulKernel:
         self._fn = lib.vx_gguf_matmul_f32
         self._fn.argtypes = [p, i64, i64, p, i64, i32, i64, p, i64, i32]
         self._fn.restype = i32
-        self._row_bytes = lib.vx_gguf_row_bytes
-        self._row_bytes.argtypes = [i32, i64]
-        self._row_bytes.restype = i64
+        row_bytes = lib.vx_gguf_row_bytes
+        row_bytes.argtypes = [i32, i64]
+        row_bytes.restype = i64
+        # Asked on every call with the same few (type, K): a dict look-up, not a ctypes call.
+        self._row_bytes = functools.lru_cache(maxsize=None)(row_bytes)
         mask = lib.vx_gguf_types()
         self.types: frozenset[int] = frozenset(t for t in range(32) if mask & (1 << t))
         self.vnni = bool(lib.vx_gguf_vnni())

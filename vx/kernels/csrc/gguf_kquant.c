@@ -72,6 +72,8 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, 
 #define MT 4
 #endif
 #endif
+/* Weight rows per call of a type's rows function (the unit threads split). */
+#define N_RUN 16
 /* Bytes of int8 x per chunk of rows kept in the cache while all weight rows pass (about half an L2). */
 #define X_CHUNK_BYTES (512 * 1024)
 
@@ -576,7 +578,7 @@ AI void tile32_wide(const int type, const int bw, const int subs, const int sgn,
                                      acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) y[r] = hsum512(acc[r]) + hsum(_mm256_castps128_ps256(off[r]));
+    for (int r = 0; r < R; r++) y[r] = hsum512(_mm512_add_ps(acc[r], _mm512_zextps128_ps512(off[r])));
     if (nb * subs % 2) { /* an odd number of blocks of 32: the last one as the 256-bit code takes it */
         float t[MT];
         tile32(type, bw, subs, sgn, offset, w, nb - 1, nb, x, m0, R, t);
@@ -601,28 +603,32 @@ AI void tile32_wide(const int type, const int bw, const int subs, const int sgn,
 FAMILY32(TILE32_OF)
 #undef TILE32_OF
 
-/* y[m0 .. m0 + rows, n] for one weight row, in tiles of MT rows of x (constant R in each call, specialised). */
-#define ROWS_OF(fn)                                                                                      \
-    static void rows_##fn(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, int64_t rows, float *out, \
-                          int64_t ldy) {                                                                 \
-        float t[MT];                                                                                     \
-        int64_t m = 0;                                                                                   \
-        for (; m + MT <= rows; m += MT) {                                                                \
-            fn(w, nb, x, m0 + m, MT, t);                                                                 \
-            for (int r = 0; r < MT; r++) out[(m + r) * ldy] = t[r];                                      \
-        }                                                                                                \
-        const int rest = (int)(rows - m);                                                                \
-        switch (rest) { /* the last rows as one tile of their exact count (constant R in each) */        \
-            case 1: fn(w, nb, x, m0 + m, 1, t); break;                                                   \
-            case 2: fn(w, nb, x, m0 + m, 2, t); break;                                                   \
-            case 3: fn(w, nb, x, m0 + m, 3, t); break;                                                   \
-            case 4: if (MT > 4) fn(w, nb, x, m0 + m, 4, t); break;                                       \
-            case 5: if (MT > 5) fn(w, nb, x, m0 + m, 5, t); break;                                       \
-            case 6: if (MT > 6) fn(w, nb, x, m0 + m, 6, t); break;                                       \
-            case 7: if (MT > 7) fn(w, nb, x, m0 + m, 7, t); break;                                       \
-            default: break;                                                                              \
-        }                                                                                                \
-        for (int r = 0; r < rest; r++) out[(m + r) * ldy] = t[r];                                        \
+/* y[m0 .. m0 + rows, n] for weight rows n0 .. n1 (row n at w + n * ldw; out: y's row m0), in tiles of MT rows of
+ * x (constant R in each call, specialised). */
+#define ROWS_OF(fn)                                                                                           \
+    static void rows_##fn(const uint8_t *w, int64_t ldw, int64_t n0, int64_t n1, int64_t nb, const xrows *x,   \
+                          int64_t m0, int64_t rows, float *out, int64_t ldy) {                                \
+        for (int64_t n = n0; n < n1; n++) {                                                                   \
+            const uint8_t *wn = w + n * ldw;                                                                  \
+            float t[MT];                                                                                      \
+            int64_t m = 0;                                                                                    \
+            for (; m + MT <= rows; m += MT) {                                                                 \
+                fn(wn, nb, x, m0 + m, MT, t);                                                                 \
+                for (int r = 0; r < MT; r++) out[(m + r) * ldy + n] = t[r];                                   \
+            }                                                                                                 \
+            const int rest = (int)(rows - m);                                                                 \
+            switch (rest) { /* the last rows as one tile of their exact count (constant R in each) */         \
+                case 1: fn(wn, nb, x, m0 + m, 1, t); break;                                                   \
+                case 2: fn(wn, nb, x, m0 + m, 2, t); break;                                                   \
+                case 3: fn(wn, nb, x, m0 + m, 3, t); break;                                                   \
+                case 4: if (MT > 4) fn(wn, nb, x, m0 + m, 4, t); break;                                       \
+                case 5: if (MT > 5) fn(wn, nb, x, m0 + m, 5, t); break;                                       \
+                case 6: if (MT > 6) fn(wn, nb, x, m0 + m, 6, t); break;                                       \
+                case 7: if (MT > 7) fn(wn, nb, x, m0 + m, 7, t); break;                                       \
+                default: break;                                                                               \
+            }                                                                                                 \
+            for (int r = 0; r < rest; r++) out[(m + r) * ldy + n] = t[r];                                     \
+        }                                                                                                     \
     }
 #define ROWS32_OF(name, type, bw, bk, sgn, offset) ROWS_OF(tile_##name)
 FAMILY32(ROWS32_OF)
@@ -648,7 +654,8 @@ ROWS_OF(tile_q6_k)
 typedef struct {
     int type;
     int64_t bw, bk, qb;
-    void (*rows)(const uint8_t *w, int64_t nb, const xrows *x, int64_t m0, int64_t rows, float *out, int64_t ldy);
+    void (*rows)(const uint8_t *w, int64_t ldw, int64_t n0, int64_t n1, int64_t nb, const xrows *x, int64_t m0,
+                 int64_t rows, float *out, int64_t ldy);
     void (*prep_x)(int8_t *xq, int64_t K);
 } gguf_type;
 
@@ -710,7 +717,8 @@ int vx_gguf_matmul_f32(const float *x, int64_t M, int64_t K, const uint8_t *w, i
         for (int64_t m0 = 0; m0 < M; m0 += chunk) {
             const int64_t rows = M - m0 < chunk ? M - m0 : chunk;
 #pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; n++) t->rows(w + n * ldw, nb, &xr, m0, rows, y + m0 * ldy + n, ldy);
+            for (int64_t n = 0; n < N; n += N_RUN) /* runs of weight rows: one call each */
+                t->rows(w, ldw, n, n + N_RUN < N ? n + N_RUN : N, nb, &xr, m0, rows, y + m0 * ldy, ldy);
         }
     }
     free(scratch);
