@@ -23,8 +23,9 @@
  *   Q5_K (176 B / 256): as Q4_K, with 32 bytes of high bits before the nibbles: bit s of byte l is weight 32 s + l's
  *   Q6_K (210 B / 256): 128 bytes of low nibbles, 64 of high 2-bit pairs, int8 sc[16], f16 d (last)
  *                      w = d * sc[i / 16] * (q - 32)
- * The types with a float scale per 32 weights are one family (tile32): each is a decode routine (decode32) and a
- * row of FAMILY32; the K types have a tile each (Q4_K and Q5_K one between them, decode_k).
+ * The types with a float scale per 32 weights are one family (tile32, tile32_wide): each is a decode routine
+ * (decode32, and decode_pair for two blocks in 512 bits) and a row of FAMILY32; the K types have a tile each (Q4_K
+ * and Q5_K one between them, decode_k).
  *
  * Dot products in 256-bit vectors: maddubs (unsigned weight bytes x signed x bytes, pairs summed to int16: no
  * saturation for 6-bit weights, 2 * 63 * 127 < 32767), then the sub-block scale enters as an int16 multiplier of
@@ -54,8 +55,9 @@ enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, 
 #define DOT_VNNI 0
 #endif
 
-/* Q4_K and Q6_K in 512-bit vectors where the CPU has AVX-512 VNNI (half the instructions of the 256-bit code, which
- * the other types and AVX2 CPUs take); -DVX_GGUF_256 keeps the 256-bit code everywhere, to compare. */
+/* Q4_K, Q6_K and the types of 32-weight blocks in 512-bit vectors where the CPU has AVX-512 VNNI (half the
+ * instructions of the 256-bit code, which Q5_K and AVX2 CPUs take); -DVX_GGUF_256 keeps the 256-bit code everywhere,
+ * to compare. */
 #if defined(__AVX512BW__) && defined(__AVX512VNNI__) && !defined(VX_GGUF_256)
 #define WIDE 1
 #else
