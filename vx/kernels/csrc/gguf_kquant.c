@@ -561,25 +561,26 @@ AI void tile32_wide(const int type, const int bw, const int subs, const int sgn,
     __m512 acc[MT];
     __m128 off[MT];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), off[r] = _mm_setzero_ps();
-    const int64_t pairs = nb * subs / 2;
-    for (int64_t p = 0; p < pairs; p++) {
-        __m512i q;
-        __m128 dc;
-        if (subs == 1) {
-            decode_pair(type, w + 2 * p * bw, 0, w + (2 * p + 1) * bw, &q, &dc);
-        } else {
-            const uint8_t *blk = w + (2 * p / subs) * bw;
-            decode_pair(type, blk, (int)(2 * p % subs), blk, &q, &dc);
+    /* pairs of blocks (one block of 32 each), or pairs of sub-blocks within a block (a constant j each) */
+    const int64_t steps = subs == 1 ? nb / 2 : nb, per_step = subs == 1 ? 1 : subs / 2;
+    for (int64_t p = 0, i = 0; i < steps; i++)
+        for (int jp = 0; jp < per_step; jp++, p++) {
+            __m512i q;
+            __m128 dc;
+            if (subs == 1)
+                decode_pair(type, w + 2 * i * bw, 0, w + (2 * i + 1) * bw, &q, &dc);
+            else
+                decode_pair(type, w + i * bw, 2 * jp, w + i * bw, &q, &dc);
+            for (int r = 0; r < R; r++) {
+                const __m512i xq = load64(x->q + (m0 + r) * x->K + 64 * p);
+                const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xq);
+                /* [dA dxA, cA dxA sumA, dB dxB, cB dxB sumB] */
+                const __m128 t = _mm_mul_ps(dc, _mm_loadu_ps(x->f + (m0 + r) * (x->K / 16) + 4 * p));
+                off[r] = _mm_mask_add_ps(off[r], 0xa, off[r], t);
+                const __m512 scale = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(t));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            }
         }
-        for (int r = 0; r < R; r++) {
-            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load64(x->q + (m0 + r) * x->K + 64 * p));
-            /* [dA dxA, cA dxA sumA, dB dxB, cB dxB sumB] */
-            const __m128 t = _mm_mul_ps(dc, _mm_loadu_ps(x->f + (m0 + r) * (x->K / 16) + 4 * p));
-            off[r] = _mm_mask_add_ps(off[r], 0xa, off[r], t);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(t)),
-                                     acc[r]);
-        }
-    }
     for (int r = 0; r < R; r++) y[r] = hsum512(_mm512_add_ps(acc[r], _mm512_zextps128_ps512(off[r])));
     if (nb * subs % 2) { /* an odd number of blocks of 32: the last one as the 256-bit code takes it */
         float t[MT];
