@@ -4,16 +4,16 @@
     python -m benchmarks.startup --runs 5 --model path/to/model
 
 The first start of a model on a machine fills vx's caches (~/.cache/vx or $VX_CACHE_DIR): the GGUF file's config
-directory, the C kernels built for this CPU, the batch-1 decode graph compiled (in the background, while eager
-steps serve). That start is made first and reported apart (with the time until it runs at full speed: its batch-1
-decode graph loaded), so the table shows the starts that load from the
-caches, as a user sees them from the second start on. Each run spawns a new engine process and prints: ready (engine booted, tokenizer
-loaded), first token (ready + prefill + one decode step: the first output of `generate`), shutdown, and the engine
-process's resident memory (RSS, torch included) when ready, after the 8-token answer, and settled: after a second
-answer once the engine has settled (no compile child left, no CPU used for a second: the batch-1 decode graph is
-compiled and loaded), with that figure above a bare `import torch` process. The first start of a model also
-AOT-compiles its batch-1 decode graph into the cache (in the background, while eager steps serve), so its settled
-figure takes longer to come. Goal for the default model on CPU: first token under 5 s.
+directory, the C kernels built for this CPU, the batch-1 decode graph compiled (in the background, while eager steps
+serve). That start is made first and reported apart (with the time until it runs at full speed: its batch-1 decode
+graph loaded), so the table shows the starts that load from the caches, as a user sees them from the second start
+on. Each run spawns a new engine process and prints: ready (engine booted, tokenizer loaded), first token (ready +
+prefill + one decode step: the first output of `generate`), shutdown, and the engine process's resident memory (RSS,
+torch included) when ready, after the 8-token answer, and settled: after a second answer once the engine has settled
+(no compile child left, no CPU used for a second: the batch-1 decode graph is compiled and loaded), with that figure
+above a bare `import torch` process. The first start of a model also AOT-compiles its batch-1 decode graph into the
+cache (in the background, while eager steps serve), so its settled figure takes longer to come. Goal for the default
+model on CPU: first token under 5 s.
 """
 
 from __future__ import annotations
