@@ -22,7 +22,7 @@ FORBIDDEN = {
     "distributed": {"core", "gpu", "models", "client", "executor"},
 }
 # Modules anyone may import: they import none of the packages above.
-LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform",
+LEAVES = ("config", "sampling_params", "pooling_params", "errors", "outputs", "envs", "platform", "progress",
           "step", "module_process", "class_path", "version", "optional_dependencies", "kv_spec")
 # Leaves inside a package: what the application process reads beside the code it describes (DESIGN.md: a registry
 # lives beside its code in a module that imports nothing heavy). Each is a unit of its own, and the package

@@ -52,6 +52,11 @@ VX_CPU_KERNELS: EnvVar[bool] = EnvVar(
     "`0` keeps vx's C kernels off: the `cpu` attention backend is then unavailable and `auto` takes `torch`; "
     "quantized weights multiply through torch's slower ops")
 
+VX_PROGRESS: EnvVar[bool] = EnvVar(
+    "VX_PROGRESS", "1", _switch,
+    "`0` keeps the engine process quiet about what a first start builds (vx's C kernels for this CPU, a model's "
+    "decode graph): by default it says so on stderr, with an estimate, and again when done")
+
 def _one_of(name: str, *choices: str) -> Callable[[str], str]:
     """A parser that accepts only `choices` (the variable's value as given)."""
     def parse(value: str) -> str:

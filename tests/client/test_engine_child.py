@@ -16,6 +16,7 @@ import textwrap
 import pytest
 from tests.support.engine_processes import ENGINE_KWARGS, kill_parent_expect_engine_gone
 from tests.support.hostile_models import truncate_weights
+from tests.support.kernel_cache import share_kernels_except
 
 # No `if __name__ == "__main__":` anywhere: with a multiprocessing spawn the engine process re-imported this
 # module (or could not find `<stdin>`) and failed to start.
@@ -114,6 +115,24 @@ def test_a_start_up_failure_is_printed_on_the_applications_stderr(tiny_model_dir
     assert res.stdout.startswith("failed: The vx engine failed to start"), res.stdout
     assert "__main__" not in res.stdout  # no advice about entry-point guards any more
     assert "vx engine failed to start" in res.stderr  # logged by the engine, on the stderr it inherited
+
+
+def test_a_first_start_says_what_it_builds_and_a_cached_start_says_nothing(tiny_gguf, tmp_path):
+    """The engine process tells the application's stderr that it builds vx's C kernels for this machine (here the one
+    library its cache lacks) and when it is done; the next start, everything cached, prints neither line."""
+    cache = tmp_path / "cache"
+    share_kernels_except(cache, {"gguf_panels"})
+    code = textwrap.dedent(f"""
+        import vx
+        vx.LLM({tiny_gguf("Q8_0").gguf_path!r}, multiprocess=True, **{ENGINE_KWARGS!r}).shutdown()
+    """)
+    env = dict(_env(), VX_CACHE_DIR=str(cache))
+    first, second = (subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                    timeout=300) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
+    assert "vx: building vx's CPU kernels for this machine (first run only: 1 C library)" in first.stderr
+    assert "vx: CPU kernels built in" in first.stderr
+    assert "CPU kernels" not in second.stderr, second.stderr
 
 
 # The application forks a child that lives on (holding a copy of the engine's stdin pipe, so no end-of-file

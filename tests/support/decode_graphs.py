@@ -69,6 +69,8 @@ def vx_greedy(model: str, prompts: list[list[int]], preemptions: list[int] | Non
 _ENGINE = """
 import json, sys
 import vx
+from vx.progress import show_progress
+show_progress()  # as vx's engine process does: the result carries its lines
 engine_args = json.loads(sys.argv[2])
 llm = vx.LLM(sys.argv[1], dtype="float32", device="cpu", **engine_args)
 runner = llm.llm_engine.engine_core.engine_core.executor.worker.model_runner
@@ -86,7 +88,8 @@ llm.shutdown()
 
 def aoti_engine_in_process_of_its_own(model: str, cache_dir: Path, prompts, **engine_args) -> dict:
     """What an engine process with AOT-compiled graphs (all built at start-up, cached in `cache_dir`) reports after
-    serving `prompts` greedily: tokens, steps per size, ready sizes, fallback, children run, key, compiler modules."""
+    serving `prompts` greedily: tokens, steps per size, ready sizes, fallback, children run, key, compiler modules,
+    and the progress lines it printed."""
     share_kernels(cache_dir)
     env = dict(os.environ, VX_DECODE_COMPILE="startup", VX_CACHE_DIR=str(cache_dir), VX_DECODE_GRAPHS="aoti",
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
@@ -94,4 +97,5 @@ def aoti_engine_in_process_of_its_own(model: str, cache_dir: Path, prompts, **en
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return {**json.loads(line[len("RESULT "):]),
+            "progress": [x for x in proc.stderr.splitlines() if x.startswith("vx: ")]}

@@ -19,7 +19,7 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 import zmq  # noqa: E402 - after SIGINT is ignored: importing takes a while
 
-from vx import platform  # noqa: E402
+from vx import platform, progress  # noqa: E402
 from vx.config import decode_config  # noqa: E402
 from vx.core.engine_core import OUTPUT_LINGER_MS, EngineCore, EngineCoreProc  # noqa: E402
 from vx.core.protocol import EngineCoreReady, encode_output, read_startup  # noqa: E402
@@ -30,6 +30,7 @@ logger = logging.getLogger("vx.core.engine_main")  # `__name__` is "__main__" he
 
 def main() -> None:
     """Read the startup message, watch the client, then serve until shut down (never returns)."""
+    progress.show_progress()  # what a first start builds, on the stderr this process shares with the application
     # When the client dies, nobody else is left to remove the ipc directory.
     startup = join_parent(read_startup, "vx-parent-watchdog",
                           lambda startup: shutil.rmtree(startup.ipc_dir, ignore_errors=True))

@@ -21,7 +21,7 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 import msgspec  # noqa: E402
 import zmq  # noqa: E402
 
-from vx import platform  # noqa: E402
+from vx import platform, progress  # noqa: E402
 from vx.executor.worker_protocol import STARTUP_SEQ, WorkerCall, WorkerReply, encode, read_startup  # noqa: E402
 from vx.module_process import describe_exception, join_parent  # noqa: E402
 
@@ -30,6 +30,7 @@ logger = logging.getLogger("vx.executor.worker_main")  # `__name__` is "__main__
 
 def main() -> None:
     """Read the startup message, watch the engine, join the world, load, serve (never returns)."""
+    progress.show_progress()  # what a first start builds, on the stderr this process shares with the application
     startup = join_parent(read_startup, "vx-worker-parent-watchdog")
     platform.prefer_openmp_wait_policy()  # before torch is imported
     ctx = zmq.Context()

@@ -10,6 +10,7 @@ import torch
 
 from vx.config import VxConfig
 from vx.distributed import ParallelGroups
+from vx.gpu.kernel_builds import build_cpu_kernels
 from vx.gpu.model_runner import ModelRunner
 from vx.kv_spec import KVCacheGroupSpec, KVCacheReport
 from vx.step import ModelRunnerOutput, SchedulerOutput
@@ -43,6 +44,10 @@ class Worker:
         if self.device.type == "cpu" and threads and torch.get_num_threads() != threads:
             # Before the model loads: the C kernels' OpenMP loops take torch's count at each call.
             torch.set_num_threads(threads)
+        if self.device.type == "cpu" and (self.groups is None or self.groups.rank == 0):
+            # Before the runner picks its attention backend (which loads that kernel) and the model loads: all of
+            # them at once, in parallel. The other ranks of a split model find them built (or wait for a build).
+            build_cpu_kernels(self.config)
         self.model_runner = ModelRunner(self.config, self.device, self.groups)
 
     def load_model(self) -> None:

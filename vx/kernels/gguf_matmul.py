@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from vx import envs
-from vx.kernels.build import load_library
+from vx.kernels.build import Library, load_library
+from vx.kernels import quant_matmul
 from vx.kernels.quant_matmul import AMX_MIN_ROWS, PackedQuantWeight, QuantMatmulKernel, load_quant_matmul_kernel
 from vx.kernels.threads import threads_for
 
@@ -163,6 +164,13 @@ class GGUFMatmulKernel:
             raise ValueError(f"gguf matmul rejected x {tuple(x.shape)} with {n} rows of {blocks.shape[1]} bytes of "
                              f"GGML type {ggml_type}.")
         return y
+
+
+def default_libraries() -> tuple[Library, ...]:
+    """The libraries `load_gguf_matmul_kernel()` builds, the int8 kernel's among them (a worker builds them before
+    its model loads)."""
+    return (Library(_SOURCE, _CFLAGS, (), "CPU GGUF matmul kernel"),
+            Library(_SOURCE_PANELS, _CFLAGS, (), "CPU GGUF panel decoder"), *quant_matmul.default_libraries())
 
 
 @functools.cache

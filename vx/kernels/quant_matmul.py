@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from vx import envs
-from vx.kernels.build import load_library
+from vx.kernels.build import Library, load_library
 from vx.kernels.threads import threads_for
 
 _SOURCE = Path(__file__).with_name("csrc") / "quant_matmul.c"
@@ -201,6 +201,13 @@ class QuantMatmulKernel:
             raise ValueError(f"quant_matmul rejected x {tuple(x.shape)} with a {w.bits}-bit weight "
                              f"{w.out_features}x{w.in_features}, groups of {w.group_size}.")
         return y
+
+
+def default_libraries() -> tuple[Library, ...]:
+    """The libraries `load_quant_matmul_kernel()` builds (a worker builds them before its model loads)."""
+    return (Library(_SOURCE, _CFLAGS, ("-lm",), "CPU quantized matmul kernel"),
+            Library(_SOURCE_I8, _CFLAGS, (), "CPU int8-activation matmul kernel"),
+            Library(_SOURCE_AMX, _CFLAGS, (), "CPU AMX matmul kernel"))
 
 
 @functools.cache

@@ -1,7 +1,9 @@
-"""The AOT decode-graph cache (vx.gpu.graphs.aoti_cache): its key, and what it prunes."""
+"""The AOT decode-graph cache (vx.gpu.graphs.aoti_cache): its key, what it prunes, and how long a compile is
+estimated to take."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -62,3 +64,20 @@ def test_key_folders_unused_for_a_month_are_removed_and_a_load_marks_a_key_used(
     aoti_cache._remove_unused_keys(root, month)
     assert sorted(p.name for p in root.iterdir()) == ["recent-key", "used-key"]
     assert (used / "size1.pt2").read_bytes() == b"package"
+
+
+def test_a_first_compile_is_estimated_from_the_layers_then_at_this_machines_recorded_pace(tmp_path):
+    """The estimate a first start prints: the per-layer figure on an empty cache; once a compile is recorded, the
+    newest one's seconds per layer (this machine's speed), whatever model it was, for this model's layers."""
+    first = aoti_cache.estimate_compile_s(tmp_path, 30)
+    assert first == aoti_cache.FIRST_COMPILE_BASE_S + 30 * aoti_cache.FIRST_COMPILE_S_PER_LAYER
+    (tmp_path / "old-key").mkdir()
+    (tmp_path / "old-key" / "size1.json").write_text(json.dumps({"child_s": 100.0, "layers": 4}))
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "size1.json").write_text("{")  # a sidecar being written: skipped
+    assert aoti_cache.estimate_compile_s(tmp_path, 2) == 50.0
+    (tmp_path / "new-key").mkdir()
+    newer = tmp_path / "new-key" / "size2.json"
+    newer.write_text(json.dumps({"child_s": 20.0, "layers": 10}))
+    os.utime(newer, (time.time() + 10, time.time() + 10))
+    assert aoti_cache.estimate_compile_s(tmp_path, 2) == 4.0

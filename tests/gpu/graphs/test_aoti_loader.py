@@ -50,9 +50,19 @@ def test_aoti_graphs_give_hf_greedy_tokens_without_the_compiler_in_the_engine(ti
     assert first["compiler"] == []
     assert first["tokens"] == want
     assert first["steps_run"].get("4", 0) > 0, first["steps_run"]  # the padded graph of 3 requests included
+    _assert_says_it_compiled(first["progress"], [1, 2, 4])
     again = aoti_engine_in_process_of_its_own(model, tmp_path, prompts, max_num_seqs=4)
     assert again["children_run"] == 0 and again["key"] == first["key"] and again["fallback"] is False
     assert again["tokens"] == want and again["compiler"] == []
+    assert again["progress"] == []  # everything cached: nothing to say
+
+
+def _assert_says_it_compiled(lines: list[str], sizes: list[int]) -> None:
+    """A start that compiles packages says so for each size, with an estimate, and again once each is ready."""
+    for size in sizes:
+        assert any(f"compiling the decode graph for batch size {size} of this model (first run only, ~" in x
+                   for x in lines), lines
+        assert any(f"the decode graph for batch size {size} is ready (compiled in " in x for x in lines), lines
 
 
 def _copy_of(cache: Path, tmp_path: Path) -> Path:
@@ -69,6 +79,8 @@ def test_a_package_of_another_key_is_not_reused(tiny_model_dir, tiny_package, tm
     _copy_of(cache, tmp_path)
     other = aoti_engine_in_process_of_its_own(tiny_model_dir, tmp_path, prompts, max_num_seqs=1, num_kv_blocks=96)
     assert first["children_run"] == 1 and other["children_run"] == 1 and other["key"] != first["key"]
+    _assert_says_it_compiled(first["progress"], [1])
+    _assert_says_it_compiled(other["progress"], [1])
     assert other["tokens"] == first["tokens"] and not other["fallback"]
     # The old key's sidecar is refused under the new key, whatever the folder.
     package = str(tmp_path / "decode-graphs" / first["key"] / "size1.pt2")

@@ -14,7 +14,7 @@ import torch
 
 from vx.gpu.attention.backend import KVCacheWrite, slot_views
 from vx.gpu.attention.kv_format import KV_CACHE_FORMATS, KVCacheFormat, kv_cache_format
-from vx.kernels.build import load_library
+from vx.kernels.build import Library, load_library
 from vx.kernels.threads import min_parallel_us
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
@@ -170,8 +170,12 @@ def register_paged_decode_op() -> torch.library.Library:
     return lib
 
 
+LIBRARY = Library(_SOURCE, _CFLAGS, _LIBS, "CPU attention kernel")
+"""What `load_paged_decode_kernel` builds (a worker builds it before its model loads)."""
+
+
 @functools.cache
 def load_paged_decode_kernel() -> PagedDecodeKernel | None:
     """The paged decode kernel, built if needed; None when kernels are off or cannot be built here."""
-    lib = load_library(_SOURCE, _CFLAGS, _LIBS, "CPU attention kernel")
+    lib = load_library(LIBRARY.source, LIBRARY.cflags, LIBRARY.libs, LIBRARY.what)
     return None if lib is None else PagedDecodeKernel(lib)

@@ -95,6 +95,33 @@ def read_sidecar(package: str, key: str, size: int) -> dict | None:
     return sidecar
 
 
+# -- how long a compile takes --------------------------------------------------------------------------------------
+
+# A compile child's seconds before any per-layer work (interpreter, torch, the model's load) and per decoder layer
+# (export, inductor's code generation and the C++ compile of its output grow with the layers), on a machine that has
+# compiled nothing yet: the estimate a first start gives. docs/decode_graphs.md has the measurement.
+FIRST_COMPILE_BASE_S = 6.0
+FIRST_COMPILE_S_PER_LAYER = 1.2
+
+
+def estimate_compile_s(root: Path, layers: int) -> float:
+    """About how long a compile child takes for a model of `layers` decoder layers: at the per-layer pace of the
+    newest compile recorded under `root` (this machine's, any model), else the first-start figures above."""
+    newest: tuple[float, float] | None = None  # (sidecar's time, seconds per layer)
+    for sidecar in root.glob("*/size*.json"):
+        try:
+            record = json.loads(sidecar.read_text())
+            pace = float(record["child_s"]) / int(record["layers"])
+            mtime = sidecar.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue  # a sidecar of an older vx, or one being written
+        if newest is None or mtime > newest[0]:
+            newest = (mtime, pace)
+    if newest is None:
+        return FIRST_COMPILE_BASE_S + FIRST_COMPILE_S_PER_LAYER * layers
+    return newest[1] * layers
+
+
 # -- keys --------------------------------------------------------------------------------------------------------
 
 @functools.cache

@@ -15,17 +15,19 @@ tensor of that name, shape, strides and dtype. Should anything fail (child, load
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
 import torch
 
-from vx import envs
+from vx import envs, progress
 from vx.kv_spec import KVCacheGroupSpec
 from vx.config import VxConfig
-from vx.gpu.graphs.aoti_cache import (CompileChildren, cache_key, describe, mark_used, named_tensors, read_sidecar,
-                                      run_compile_child)
+from vx.gpu.graphs.aoti_cache import (CompileChildren, cache_key, describe, estimate_compile_s, mark_used,
+                                      named_tensors, read_sidecar, run_compile_child)
+from vx.gpu.kv_cache import attention_layers
 from vx.gpu.graphs.capture import CompileCancelled, GraphCapture
 
 logger = logging.getLogger(__name__)
@@ -85,9 +87,11 @@ class AotiGraphs:
         """The loader of `size`'s package with the engine's tensors bound: from the cache, else compiled first."""
         package = self.package_path(size)
         sidecar = read_sidecar(package, self.key, size)
+        started = None  # when this engine began compiling it (None: from the cache)
         if sidecar is None:
             if not compile_if_missing:
                 raise RuntimeError(f"no package for batch size {size} under {self.directory}")
+            started = time.perf_counter()
             self._compile(size)
             sidecar = read_sidecar(package, self.key, size)
             if sidecar is None:
@@ -113,6 +117,9 @@ class AotiGraphs:
         # (constants, use_inactive, check_full_update, user_managed): the engine's tensors by reference.
         loader.load_constants(constants, False, True, True)
         mark_used(self.directory)
+        if started is not None:
+            progress.logger.info("vx: the decode graph for batch size %d is ready (compiled in %.0f s, cached for "
+                                 "later starts)", size, time.perf_counter() - started)
         return loader
 
     def _compile(self, size: int) -> None:
@@ -121,6 +128,10 @@ class AotiGraphs:
                    "groups": msgspec.json.encode(self._groups).decode(), "max_blocks_per_seq": self._max_blocks,
                    "threads": self._threads, "key": self.key, "package": self.package_path(size)}
         self.children_run += 1
+        layers = len(attention_layers(self._model))
+        progress.logger.info("vx: compiling the decode graph for batch size %d of this model (first run only, ~%.0f "
+                             "s); decode steps run eagerly, slower, until it is ready", size,
+                             estimate_compile_s(self.directory.parent, layers))
         run_compile_child(self._children, self._config, request, self.directory, size)
 
 
