@@ -186,7 +186,7 @@ def make_kernel(parts: list[Part], dtype: torch.dtype, device: torch.device) -> 
 def _unpacked(raw: torch.Tensor, ggml_type: int, device: torch.device) -> Part:
     """The raw rows themselves where the as-stored kernel takes them on `device`, else integers for a quantized
     type, the float rows (float32) for a float one."""
-    if stored_kernel_for(ggml_type, device) is not None:
+    if stored_kernel_for(ggml_type, device, raw.nbytes) is not None:
         return RawBlocks(raw, ggml_type)
     return as_float(raw, ggml_type).float() if ggml_type in FLOAT_TYPES else unpack(raw, ggml_type)
 
