@@ -1,18 +1,22 @@
-"""GGUF weights read as stored against the repacked layouts and torch's CPU int4 ops, at 1.7B and 8B matrix shapes.
+"""GGUF weights read as stored against the repacked layouts and torch's CPU int4 ops, at 1.7B and 8B matrix shapes
+(and the default model's, SmolLM2-135M).
 
     python -m benchmarks.gguf_matmul                               # 1.7B and 8B matrices, batch 1
     python -m benchmarks.gguf_matmul --shapes 1.7b_gate --batches 1,4,16,64,512
+    python -m benchmarks.gguf_matmul --shapes 1.7b_gate --type Q4_1
+    python -m benchmarks.gguf_matmul --shapes 135m_q,135m_gate,135m_down,135m_head
 
-Each matrix takes the type a Q4_K_M file gives it (v and down Q6_K, the others Q4_K; `--type` forces one), with
-random blocks (small finite scales: valid data). Candidates, each y = x @ W^T for float32 x [M, K]:
+Each matrix takes the type a Q4_K_M file gives it (v and down Q6_K, the others Q4_K; the 135M ones the default
+model's file: Q4_1, its tied head Q8_0; `--type` forces one), with random blocks (small finite scales: valid data).
+Candidates, each y = x @ W^T for float32 x [M, K]:
 
 - `as stored` (vx.kernels.gguf_matmul): the file's blocks, x rounded to int8 per block (the CPU's build: 512-bit
   VNNI code for Q4_K and Q6_K where it has AVX-512 VNNI), `as stored, 256-bit` (the same CPU, 256-bit code only)
   and `as stored, AVX2` (the build an AVX2-only CPU gets);
 - `as stored, decoded panels`: the many-row way, chunks of the stored weight decoded per call into the int8
   kernel's panels; `as stored, vx's choice`: what `product` picks at that M (the panels from `many_rows(type)` rows on);
-- `repacked int8`: vx's int8-activation kernel on the weight repacked at load (4-bit groups of 32 with float16 scale
-  and zero for Q4_K, 8-bit groups of 16 for Q6_K): what vx ran before for VX_CPU_MATMUL=auto/int8;
+- `repacked int8`: vx's int8-activation kernel on the weight repacked at load (4-bit groups of 32 for Q4_0, Q4_1 and
+  Q4_K, 8-bit groups of 32 for the others, 16 for Q6_K): what vx ran before for VX_CPU_MATMUL=auto/int8;
 - `repacked float`: the exact float path on the same repacked weight (VX_CPU_MATMUL=float);
 - torch's `_weight_int4pack_mm_for_cpu` (Q4_K only, x in bf16, its fast dtype): needs its own repack (int4pack,
   bf16 scales and zeros per group of 32), exact up to bf16;
@@ -41,25 +45,41 @@ if __package__ in (None, ""):
 
 from benchmarks.common import Table, parse_int_list, set_threads
 
-Q4_K, Q6_K = 12, 14
+# GGML's numbers for the types timed here.
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_XS": 23}
+Q4_1, Q8_0, Q4_K, Q6_K = TYPES["Q4_1"], TYPES["Q8_0"], TYPES["Q4_K"], TYPES["Q6_K"]
 # name -> (N, K, the GGML type a Q4_K_M file stores it in). 1.7B: hidden 2048, ffn 8192, 32 KV heads of 64;
-# 8B: hidden 4096, ffn 14336, 8 KV heads of 128.
+# 8B: hidden 4096, ffn 14336, 8 KV heads of 128; 135M (the default model, its file's types): hidden 576, ffn 1536,
+# vocabulary 49152.
 SHAPES: dict[str, tuple[int, int, int]] = {
     "1.7b_q": (2048, 2048, Q4_K), "1.7b_v": (2048, 2048, Q6_K), "1.7b_o": (2048, 2048, Q4_K),
     "1.7b_gate": (8192, 2048, Q4_K), "1.7b_down": (2048, 8192, Q6_K),
     "8b_q": (4096, 4096, Q4_K), "8b_k": (1024, 4096, Q4_K), "8b_v": (1024, 4096, Q6_K),
     "8b_gate": (14336, 4096, Q4_K), "8b_down": (4096, 14336, Q6_K),
+    "135m_q": (576, 576, Q4_1), "135m_gate": (1536, 576, Q4_1), "135m_down": (576, 1536, Q4_1),
+    "135m_head": (49152, 576, Q8_0),
 }
-_F16_FIELDS = {Q4_K: ((0, 0.002), (2, 0.004)), Q6_K: ((208, 0.0002),)}
-_BLOCK = {Q4_K: (256, 144), Q6_K: (256, 210)}
+_DEFAULT_SHAPES = [name for name in SHAPES if not name.startswith("135m")]
+# Each type's float16 fields (byte offset, a size that keeps weights around 0.01-1; negative: Q4_1's and Q5_1's
+# minimums, mostly negative in real files).
+_F16_FIELDS = {TYPES["Q4_0"]: ((0, 0.01),), Q4_1: ((0, 0.01), (2, -0.08)), TYPES["Q5_0"]: ((0, 0.005),),
+               TYPES["Q5_1"]: ((0, 0.005), (2, -0.08)), Q8_0: ((0, 0.005),), TYPES["IQ4_XS"]: ((0, 0.0002),),
+               Q4_K: ((0, 0.002), (2, 0.004)), TYPES["Q5_K"]: ((0, 0.001), (2, 0.004)), Q6_K: ((208, 0.0002),)}
+
+
+def _block(ggml_type: int) -> tuple[int, int]:
+    """(weights, bytes) of a block of `ggml_type`."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
 
 
 def random_blocks(ggml_type: int, n: int, k: int, seed: int) -> Any:
-    """n rows of random blocks of `ggml_type` (random bytes, small positive float16 scales), uint8 [n, bytes]."""
+    """n rows of random blocks of `ggml_type` (random bytes, small finite float16 scales), uint8 [n, bytes]."""
     import numpy as np
     import torch
 
-    block, size = _BLOCK[ggml_type]
+    block, size = _block(ggml_type)
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
     for at, scale in _F16_FIELDS[ggml_type]:
@@ -190,7 +210,7 @@ def run_shape(name: str, ggml_type: int, cands: list[Candidate], batches: list[i
     import torch
 
     n, k, _ = SHAPES[name]
-    block, size = _BLOCK[ggml_type]
+    block, size = _block(ggml_type)
     weight_bytes = n * k // block * size
     copies = max(1, min(64, int(cold_mib * 2**20 // weight_bytes)))
     live = []
@@ -219,7 +239,7 @@ def run_shape(name: str, ggml_type: int, cands: list[Candidate], batches: list[i
                     if time.perf_counter() - t0 >= pass_s and calls >= 2:
                         break
                 c.times.setdefault(m, []).append((time.perf_counter() - t0) / calls)
-    type_name = "Q4_K" if ggml_type == Q4_K else "Q6_K"
+    type_name = next(t for t, number in TYPES.items() if number == ggml_type)
     table = Table(f"{name}: {n}x{k} {type_name} ({weight_bytes / 2**20:.1f} MiB as stored)",
                   ["candidate", "M", "µs per call", "spread", "bits per weight", "GB/s (stored bytes)",
                    "vs as stored"])
@@ -237,8 +257,8 @@ def run_shape(name: str, ggml_type: int, cands: list[Candidate], batches: list[i
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names of " + ", ".join(SHAPES))
-    p.add_argument("--type", choices=["Q4_K", "Q6_K"], default=None, help="force one type for every shape")
+    p.add_argument("--shapes", default=",".join(_DEFAULT_SHAPES), help="comma-separated names of " + ", ".join(SHAPES))
+    p.add_argument("--type", choices=list(TYPES), default=None, help="force one type for every shape")
     p.add_argument("--batches", default="1", help="rows of x (M), comma-separated")
     p.add_argument("--candidates", default=",".join(CANDIDATES), help="of " + ", ".join(CANDIDATES))
     p.add_argument("--rounds", type=int, default=7)
@@ -252,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     cands = [Candidate(CANDIDATES[c][0], CANDIDATES[c][1]) for c in args.candidates.split(",")]
     print(f"CPU: {_cpu_line()}; torch threads {torch.get_num_threads()}\n")
     for name in args.shapes.split(","):
-        forced = {"Q4_K": Q4_K, "Q6_K": Q6_K}.get(args.type or "")
+        forced = TYPES.get(args.type or "")
         run_shape(name, forced or SHAPES[name][2], cands, parse_int_list(args.batches), args.rounds, args.cold_mib,
                   args.pass_s).print()
 

@@ -71,9 +71,9 @@ VX_CPU_MATMUL: EnvVar[str] = EnvVar(
     "how vx's C kernel multiplies quantized weights on the CPU, chosen when a weight is loaded: `float` (float32 "
     "activations times the dequantized weight: exact up to float rounding), `int8` (activations rounded to int8 "
     "per group of the weight, integer dot products: faster, each element off by at most half a step of its group, "
-    "1/254 of the group's largest magnitude; llama.cpp's GGUF path rounds the same way; GGUF Q4_0, Q8_0, Q4_K, Q5_K "
-    "and Q6_K weights are then read as stored, x rounded per block of 32 or 256) or `auto` (int8 where the "
-    "CPU has VNNI dot products, float elsewhere; on a CPU with AMX, a bf16 model's products of 32 rows or more multiply on bf16 "
+    "1/254 of the group's largest magnitude; llama.cpp's GGUF path rounds the same way; GGUF's quantized weights "
+    "(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_XS, Q4_K, Q5_K, Q6_K) are then read as stored, x rounded per block of 32 "
+    "or 256, except Q4_0/Q4_1/Q8_0 weights under 1 MiB, repacked into as many bits) or `auto` (int8 where the CPU has VNNI dot products, float elsewhere; on a CPU with AMX, a bf16 model's products of 32 rows or more multiply on bf16 "
     "tiles instead: the weight dequantized to bf16 per call)")
 
 VX_DECODE_COMPILE: EnvVar[str] = EnvVar(

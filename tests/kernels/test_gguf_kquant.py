@@ -1,6 +1,7 @@
 """The GGUF as-stored matmul (vx/kernels/csrc/gguf_kquant.c) against gguf's own dequantization.
 
-The kernel rounds x to int8 per block of QB values (256 for the K types, 32 for Q4_0 and Q8_0): x[k] becomes
+The kernel rounds x to int8 per block of QB values (256 for Q4_K, Q5_K and Q6_K, 32 for the types with a float scale
+per 32 weights: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_XS): x[k] becomes
 dx * xq[k] with dx = max |x[block]| / 127 and xq = round(x / dx), off by at most dx / 2 = max |x[block]| / 254.
 So against the float32 reference x @ W^T (W from gguf.quants.dequantize) a product may be off by
     sum over blocks b of (max |x[m, b]| / 254) * sum_{k in b} |W[n, k]|
@@ -20,10 +21,13 @@ from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 from vx.models.layers.quantization.gguf_blocks import unpack
 
 T = GGMLQuantizationType
-# The byte offsets of each type's float16 scales, and a size for them that keeps weights around 0.01-1.
-_F16_FIELDS = {T.Q4_0: ((0, 0.01),), T.Q8_0: ((0, 0.005),), T.Q4_K: ((0, 0.002), (2, 0.004)),
-               T.Q5_K: ((0, 0.001), (2, 0.004)), T.Q6_K: ((208, 0.0002),)}
-_ACT_BLOCK = {T.Q4_0: 32, T.Q8_0: 32, T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 256}
+# The byte offsets of each type's float16 scales, and a size for them that keeps weights around 0.01-1 (a negative
+# size: negative values, as Q4_1's and Q5_1's minimums m mostly are).
+_F16_FIELDS = {T.Q4_0: ((0, 0.01),), T.Q4_1: ((0, 0.01), (2, -0.08)), T.Q5_0: ((0, 0.005),),
+               T.Q5_1: ((0, 0.005), (2, -0.08)), T.Q8_0: ((0, 0.005),), T.IQ4_XS: ((0, 0.0002),),
+               T.Q4_K: ((0, 0.002), (2, 0.004)), T.Q5_K: ((0, 0.001), (2, 0.004)), T.Q6_K: ((208, 0.0002),)}
+_ACT_BLOCK = {T.Q4_0: 32, T.Q4_1: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q8_0: 32, T.IQ4_XS: 32, T.Q4_K: 256, T.Q5_K: 256,
+              T.Q6_K: 256}
 # Float32 rounding of the per-block products and their sum, relative to the sum of the terms' magnitudes (a few
 # roundings per block; the blocks here are few): far below an int8 step and far below a wrong weight.
 _FLOAT_SLACK = 64 * 2.0**-24
@@ -31,7 +35,7 @@ _FLOAT_SLACK = 64 * 2.0**-24
 
 def random_blocks(ggml_type: int, n: int, k: int, seed: int) -> torch.Tensor:
     """n rows of random GGML blocks for k weights each: random bytes (every bit pattern is a valid weight) with
-    small positive finite float16 scales."""
+    small finite float16 scales."""
     block, size = GGML_QUANT_SIZES[T(ggml_type)]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
@@ -83,7 +87,7 @@ def check(kernel, ggml_type: int, m: int, n: int, k: int, seed: int, threads: in
     assert (err <= _FLOAT_SLACK * magnitude(x, raw, ggml_type)).all(), f"error {err.max():.3e} beyond float rounding"
 
 
-_TYPES = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_K]
+_TYPES = [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_K, T.Q4_1, T.Q5_0, T.Q5_1, T.IQ4_XS]
 
 
 def _k_for(ggml_type: int, blocks: int) -> int:
@@ -107,7 +111,7 @@ def test_matches_gguf_dequantize(kernel, ggml_type: int, m: int) -> None:
     check(kernel, ggml_type, m, n=37, k=_k_for(ggml_type, 3), seed=int(ggml_type) * 10 + m)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: T(t).name)
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_1], ids=lambda t: T(t).name)
 def test_two_threads_odd_rows(kernel, ggml_type: int) -> None:
     """Rows that do not split evenly over the threads, and rows of x in a tile of 4 plus a rest."""
     check(kernel, ggml_type, m=7, n=19, k=_k_for(ggml_type, 2), seed=5, threads=2)
@@ -120,12 +124,12 @@ def test_many_rows_span_chunks(kernel) -> None:
 
 
 def test_vnni_flag_and_types() -> None:
-    """The AVX2-only build says it has no VNNI, and both serve the five types."""
+    """The AVX2-only build says it has no VNNI, and both serve the nine types."""
     plain = load_gguf_matmul_kernel(vnni=False)
     if plain is None:
         pytest.skip("the GGUF matmul kernel does not build here")
     assert not plain.vnni
-    assert {T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K} <= plain.types or not plain.types
+    assert set(_TYPES) <= plain.types or not plain.types
 
 
 def test_rejects_a_type_it_does_not_serve() -> None:
@@ -133,7 +137,7 @@ def test_rejects_a_type_it_does_not_serve() -> None:
     if k is None or not k.types:
         pytest.skip("the GGUF matmul kernel does not build here")
     with pytest.raises(ValueError):
-        k.matmul(torch.zeros(1, 32), torch.zeros(2, 20, dtype=torch.uint8), int(T.Q4_1))
+        k.matmul(torch.zeros(1, 256), torch.zeros(2, 84, dtype=torch.uint8), int(T.Q2_K))
     with pytest.raises(ValueError):  # rows of another width than x's
         k.matmul(torch.zeros(1, 256), torch.zeros(2, 2 * 144, dtype=torch.uint8), int(T.Q4_K))
 

@@ -1,6 +1,6 @@
 """Quantize float rows into GGUF blocks for tests: `gguf.quants.quantize` where the gguf package has a quantizer
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and a plain round-to-nearest one of our own for the K-quants (the package only
-dequantizes those). The K-quantizers aim at valid blocks, not at llama.cpp's error-minimizing search: what a test
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and a plain round-to-nearest one of our own for the K-quants and IQ4_XS (the package
+only dequantizes those). The K-quantizers aim at valid blocks, not at llama.cpp's error-minimizing search: what a test
 checks is that vx reads the blocks as `gguf.quants.dequantize` does.
 """
 
@@ -35,7 +35,7 @@ def random_blocks(rows: int, features: int, qtype: int, rng: np.random.Generator
 
 # Where each type keeps its f16 fields (d, and m or dmin).
 _F16_FIELDS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q4_K: (0, 2),
-               T.Q5_K: (0, 2), T.Q6_K: (208,)}
+               T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_XS: (0,)}
 
 
 def _f16_bytes(x: np.ndarray) -> np.ndarray:
@@ -100,4 +100,23 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.view(np.uint8), _f16_bytes(d)], axis=1)
 
 
-_K_QUANTIZERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+def _iq4_xs(blocks: np.ndarray) -> np.ndarray:
+    """Per sub-block of 32: w ~ d * (ls - 32) * V[i], the scale putting its largest magnitude on V's -127."""
+    n = blocks.shape[0]
+    values = np.array(quants.IQ4_NL.kvalues, dtype=np.float32)
+    sub = blocks.reshape(n, 8, 32)
+    peak = np.take_along_axis(sub, np.abs(sub).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+    s = -peak / 127
+    d = (np.abs(s).max(axis=-1) / 32).astype(np.float16).astype(np.float32)
+    ls = (np.clip(np.rint(_safe_div(s, d[:, None])), -32, 31) + 32).astype(np.uint8)
+    step = d[:, None] * (ls.astype(np.float32) - 32)
+    idx = np.abs(_safe_div(sub, step[..., None])[..., None] - values).argmin(axis=-1).astype(np.uint8)
+    scales_h = np.zeros(n, dtype=np.uint16)
+    for j in range(8):
+        scales_h |= (ls[:, j].astype(np.uint16) >> 4) << (2 * j)
+    scales_l = (ls[:, 0::2] & 0x0F) | ((ls[:, 1::2] & 0x0F) << 4)
+    qs = (idx[..., :16] | (idx[..., 16:] << 4)).reshape(n, 128)  # sub-block j: bytes 16j.., low then high nibbles
+    return np.concatenate([_f16_bytes(d), scales_h.view(np.uint8).reshape(n, 2), scales_l, qs], axis=1)
+
+
+_K_QUANTIZERS = {T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.IQ4_XS: _iq4_xs}

@@ -38,7 +38,7 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_at
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 """The tiny model: every input width a multiple of 256, GQA (4 query heads, 2 KV heads of 64)."""
 
-QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+QUANTIZABLE = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
 """The types tests.support.gguf_quants quantizes into."""
 
 TypeChooser = Callable[[str], int]

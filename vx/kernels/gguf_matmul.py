@@ -1,15 +1,17 @@
 """Matmuls with GGUF weights read as the file stores them (`csrc/gguf_kquant.c`): no repacking, so a decode step
 reads exactly the file's bytes for its weights.
 
-y = x @ W^T for float32 x [M, K] and W [N, K] given as N rows of GGML blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). x is
-rounded to int8 per block of 256 values (the K types) or 32 (Q4_0, Q8_0), as llama.cpp does: each element errs by
-at most half a step, max |x[block]| / 254, which is the only error beyond float rounding. Two builds: with VNNI dot
+y = x @ W^T for float32 x [M, K] and W [N, K] given as N rows of GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_XS,
+Q4_K, Q5_K, Q6_K). x is rounded to int8 per block of 256 values (Q4_K, Q5_K, Q6_K) or 32 (the types with a float
+scale per 32 weights), as llama.cpp does: each element errs by at most half a step, max |x[block]| / 254, which is
+the only error beyond float rounding. Two builds: with VNNI dot
 products where the CPU has them, and AVX2 otherwise (or for the tests, on a VNNI machine).
 
 Products of many rows of x (prefill) take another way (`matmul_many_rows`): chunks of the weight are decoded into
 the panel layout of the repacked int8-activation kernel (`csrc/gguf_panels.c`), where each panel serves every row of
 x, and multiplied there (or on AMX tiles where that kernel has them); the weight kept stays the file's blocks. x is
-then rounded per group of the weight (32, or 16 for Q6_K), as that kernel rounds it.
+then rounded per group of the weight (32, or 16 for Q6_K), as that kernel rounds it. An AVX2-only CPU's int8 kernel
+takes 4-bit panels only (Q4_0, Q4_1, Q4_K): the other types stay on the as-stored kernel there at every M.
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ class GGUFMatmulKernel:
         self._fn = lib.vx_gguf_matmul_f32
         self._fn.argtypes = [p, i64, i64, p, i64, i32, i64, p, i64, i32]
         self._fn.restype = i32
-        self._row_bytes = lib.vx_gguf_row_bytes
-        self._row_bytes.argtypes = [i32, i64]
-        self._row_bytes.restype = i64
+        row_bytes = lib.vx_gguf_row_bytes
+        row_bytes.argtypes = [i32, i64]
+        row_bytes.restype = i64
+        # Asked on every call with the same few (type, K): a dict look-up, not a ctypes call.
+        self._row_bytes = functools.lru_cache(maxsize=None)(row_bytes)
         mask = lib.vx_gguf_types()
         self.types: frozenset[int] = frozenset(t for t in range(32) if mask & (1 << t))
         self.vnni = bool(lib.vx_gguf_vnni())

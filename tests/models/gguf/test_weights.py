@@ -78,7 +78,7 @@ def test_tensors_vx_has_no_place_for_are_ignored_with_a_warning(tmp_path, caplog
     assert "rope_freqs.weight" in caplog.text
 
 
-@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.IQ4_XS])
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.IQ4_NL])
 def test_an_unsupported_type_is_refused_naming_it_and_the_tensor(tmp_path, qtype):
     from gguf import GGML_QUANT_SIZES
 
@@ -156,7 +156,7 @@ def _twin_expert(reference: dict[str, torch.Tensor], layer: int, expert: int, pr
     return gate_up[:inter] if proj == "gate_proj" else gate_up[inter:]
 
 
-@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.IQ4_XS])
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K, T.IQ4_NL])
 def test_experts_load_in_types_the_dense_kernels_lack_through_the_gguf_package(tmp_path, qtype):
     from gguf import GGML_QUANT_SIZES, quants
 

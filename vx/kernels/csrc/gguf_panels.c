@@ -2,17 +2,21 @@
  * a few hundred rows at a time: products of many rows of x (prefill) multiply a chunk of the weight in that layout,
  * where a panel of L features is reused across every row, while the weight itself stays as the file stores it.
  *
- * Each row is decoded into codes and per-group scale and zero, w = code * scale + zero exactly (the scales are
+ * Each block is decoded into codes and per-group scale and zero, w = code * scale + zero exactly (the scales are
  * products of a float16 and a small integer: exact in float32), then scattered into
- *   4-bit (Q4_0, Q4_K; groups of 32): q[panel][k / 8][L][4] bytes, low nibble k = 8t + i, high nibble 8t + 4 + i
- *   8-bit (Q8_0, Q5_K groups of 32; Q6_K groups of 16): q[panel][k / 4][L][4] bytes holding code + 128
+ *   4-bit (Q4_0, Q4_1, Q4_K; groups of 32): q[panel][k / 8][L][4] bytes, low nibble k = 8t + i, high nibble 8t + 4 + i
+ *   8-bit (Q5_0, Q5_1, Q8_0, IQ4_XS, Q5_K groups of 32; Q6_K groups of 16): q[panel][k / 4][L][4] bytes holding
+ *          code + 128
  *   sz[panel][group][scale | zero][L] float32
  * as vx/kernels/quant_matmul.py's `pack` lays out a weight for that kernel. Rows past N in the last panel are zero.
+ * A type is a decode routine for one block and a row of FORMATS. Block layouts: csrc/gguf_kquant.c.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-enum { T_Q4_0 = 2, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
+       T_IQ4_XS = 23 };
 
 static float f16(const uint8_t *p) {
     uint16_t h;
@@ -33,6 +37,58 @@ static float f16(const uint8_t *p) {
     return f;
 }
 
+/* Each decode_* routine: the block at w -> its codes (0..15 at 4 bits, code + 128 at 8), scale and zero per group. */
+
+/* 32 weights of 16 bytes: weight l in the low nibble of byte l, l + 16 in the high one. */
+static void nibbles32(const uint8_t *p, uint8_t *code) {
+    for (int l = 0; l < 16; l++) code[l] = p[l] & 15, code[16 + l] = p[l] >> 4;
+}
+
+/* Q5_0 / Q5_1: the fifth bits (a little-endian uint32 at p, bit l for weight l) onto the nibbles, then + base. */
+static void fifth_bits(const uint8_t *p, uint8_t *code, int base) {
+    for (int l = 0; l < 32; l++) code[l] = (uint8_t)((code[l] | (((p[l / 8] >> (l % 8)) & 1) << 4)) + base);
+}
+
+static void decode_q4_0(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    nibbles32(w + 2, code);
+    scale[0] = f16(w), zero[0] = -8.0f * scale[0];
+}
+
+static void decode_q4_1(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    nibbles32(w + 4, code);
+    scale[0] = f16(w), zero[0] = f16(w + 2);
+}
+
+static void decode_q5_0(const uint8_t *w, uint8_t *code, float *scale, float *zero) { /* code: q - 16 + 128 */
+    nibbles32(w + 6, code);
+    fifth_bits(w + 2, code, 112);
+    scale[0] = f16(w), zero[0] = 0.0f;
+}
+
+static void decode_q5_1(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    nibbles32(w + 8, code);
+    fifth_bits(w + 4, code, 128);
+    scale[0] = f16(w), zero[0] = f16(w + 2);
+}
+
+static void decode_q8_0(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    for (int l = 0; l < 32; l++) code[l] = w[2 + l] ^ 0x80; /* int8 + 128 */
+    scale[0] = f16(w), zero[0] = 0.0f;
+}
+
+/* IQ4_XS: code V[nibble] + 128 (GGML's kvalues_iq4nl), sub-block j's scale d * (ls[j] - 32). */
+static void decode_iq4_xs(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    static const int8_t values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    const float d = f16(w);
+    for (int j = 0; j < 8; j++) {
+        uint8_t *c = code + 32 * j;
+        nibbles32(w + 8 + 16 * j, c);
+        for (int l = 0; l < 32; l++) c[l] = (uint8_t)(values[c[l]] + 128);
+        const int ls = ((w[4 + j / 2] >> (4 * (j % 2))) & 15) | (((w[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
+        scale[j] = d * (float)(ls - 32), zero[j] = 0.0f;
+    }
+}
+
 /* Q4_K / Q5_K: sub-block j's 6-bit scale and minimum. */
 static void k_scale_min(const uint8_t *p, int j, int *sc, int *mn) {
     if (j < 4) {
@@ -44,82 +100,74 @@ static void k_scale_min(const uint8_t *p, int j, int *sc, int *mn) {
     }
 }
 
-/* One row of N blocks: codes (0..15 at 4 bits, code + 128 at 8), scale and zero per group. */
-static void decode_row(const uint8_t *w, int type, int64_t K, uint8_t *code, float *scale, float *zero) {
-    switch (type) {
-        case T_Q4_0:
-            for (int64_t b = 0; b < K / 32; b++, w += 18) {
-                const float d = f16(w);
-                for (int l = 0; l < 16; l++) code[32 * b + l] = w[2 + l] & 15, code[32 * b + 16 + l] = w[2 + l] >> 4;
-                scale[b] = d, zero[b] = -8.0f * d;
-            }
-            break;
-        case T_Q8_0:
-            for (int64_t b = 0; b < K / 32; b++, w += 34) {
-                for (int l = 0; l < 32; l++) code[32 * b + l] = w[2 + l] ^ 0x80; /* int8 + 128 */
-                scale[b] = f16(w), zero[b] = 0.0f;
-            }
-            break;
-        case T_Q4_K:
-        case T_Q5_K: {
-            const int five = type == T_Q5_K, size = five ? 176 : 144;
-            for (int64_t b = 0; b < K / 256; b++, w += size) {
-                const float d = f16(w), dmin = f16(w + 2);
-                const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
-                uint8_t *c = code + 256 * b;
-                for (int j = 0; j < 4; j++)
-                    for (int l = 0; l < 32; l++) {
-                        c[64 * j + l] = qs[32 * j + l] & 15;
-                        c[64 * j + 32 + l] = qs[32 * j + l] >> 4;
-                    }
-                if (five)
-                    for (int s = 0; s < 8; s++)
-                        for (int l = 0; l < 32; l++) c[32 * s + l] = (c[32 * s + l] | (((qh[l] >> s) & 1) << 4)) + 128;
-                for (int j = 0; j < 8; j++) {
-                    int sc, mn;
-                    k_scale_min(w + 4, j, &sc, &mn);
-                    scale[8 * b + j] = d * (float)sc, zero[8 * b + j] = -dmin * (float)mn;
-                }
-            }
-            break;
+/* Q4_K (qh NULL) / Q5_K: nibbles at qs, fifth bits at qh. */
+static void decode_k(const uint8_t *w, const uint8_t *qh, const uint8_t *qs, uint8_t *code, float *scale, float *zero) {
+    const float d = f16(w), dmin = f16(w + 2);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) {
+            code[64 * j + l] = qs[32 * j + l] & 15;
+            code[64 * j + 32 + l] = qs[32 * j + l] >> 4;
         }
-        default: /* T_Q6_K: q in 0..63, w = d * sc * (q - 32); code = q - 32 + 128 */
-            for (int64_t b = 0; b < K / 256; b++, w += 210) {
-                const uint8_t *ql = w, *qh = w + 128;
-                const int8_t *sc = (const int8_t *)(w + 192);
-                const float d = f16(w + 208);
-                uint8_t *c = code + 256 * b;
-                for (int h = 0; h < 2; h++)
-                    for (int l = 0; l < 32; l++) {
-                        const uint8_t a = ql[64 * h + l], e = ql[64 * h + 32 + l], hb = qh[32 * h + l];
-                        c[128 * h + l] = (a & 15) | ((hb & 3) << 4);
-                        c[128 * h + 32 + l] = (e & 15) | (((hb >> 2) & 3) << 4);
-                        c[128 * h + 64 + l] = (a >> 4) | (((hb >> 4) & 3) << 4);
-                        c[128 * h + 96 + l] = (e >> 4) | (((hb >> 6) & 3) << 4);
-                    }
-                for (int i = 0; i < 256; i++) c[i] += 96;
-                for (int g = 0; g < 16; g++) scale[16 * b + g] = d * (float)sc[g], zero[16 * b + g] = 0.0f;
-            }
-            break;
+    if (qh)
+        for (int s = 0; s < 8; s++)
+            for (int l = 0; l < 32; l++) code[32 * s + l] = (code[32 * s + l] | (((qh[l] >> s) & 1) << 4)) + 128;
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        k_scale_min(w + 4, j, &sc, &mn);
+        scale[j] = d * (float)sc, zero[j] = -dmin * (float)mn;
     }
 }
 
-static int layout_of(int type, int64_t *bw, int64_t *bk, int *bits, int64_t *G) {
-    switch (type) {
-        case T_Q4_0: *bw = 18, *bk = 32, *bits = 4, *G = 32; return 0;
-        case T_Q8_0: *bw = 34, *bk = 32, *bits = 8, *G = 32; return 0;
-        case T_Q4_K: *bw = 144, *bk = 256, *bits = 4, *G = 32; return 0;
-        case T_Q5_K: *bw = 176, *bk = 256, *bits = 8, *G = 32; return 0;
-        case T_Q6_K: *bw = 210, *bk = 256, *bits = 8, *G = 16; return 0;
-        default: return -1;
-    }
+static void decode_q4_k(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    decode_k(w, NULL, w + 16, code, scale, zero);
+}
+
+static void decode_q5_k(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    decode_k(w, w + 16, w + 48, code, scale, zero);
+}
+
+/* Q6_K: q in 0..63, w = d * sc * (q - 32); code = q - 32 + 128. */
+static void decode_q6_k(const uint8_t *w, uint8_t *code, float *scale, float *zero) {
+    const uint8_t *ql = w, *qh = w + 128;
+    const int8_t *sc = (const int8_t *)(w + 192);
+    const float d = f16(w + 208);
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t a = ql[64 * h + l], e = ql[64 * h + 32 + l], hb = qh[32 * h + l];
+            code[128 * h + l] = (a & 15) | ((hb & 3) << 4);
+            code[128 * h + 32 + l] = (e & 15) | (((hb >> 2) & 3) << 4);
+            code[128 * h + 64 + l] = (a >> 4) | (((hb >> 4) & 3) << 4);
+            code[128 * h + 96 + l] = (e >> 4) | (((hb >> 6) & 3) << 4);
+        }
+    for (int i = 0; i < 256; i++) code[i] += 96;
+    for (int g = 0; g < 16; g++) scale[g] = d * (float)sc[g], zero[g] = 0.0f;
+}
+
+/* A type's block of `bw` bytes and `bk` weights, the panels' bit width and group, and its decode routine. */
+typedef struct {
+    int type, bits;
+    int64_t bw, bk, G;
+    void (*decode)(const uint8_t *w, uint8_t *code, float *scale, float *zero);
+} format;
+
+static const format FORMATS[] = {
+    {T_Q4_0, 4, 18, 32, 32, decode_q4_0},     {T_Q4_1, 4, 20, 32, 32, decode_q4_1},
+    {T_Q5_0, 8, 22, 32, 32, decode_q5_0},     {T_Q5_1, 8, 24, 32, 32, decode_q5_1},
+    {T_Q8_0, 8, 34, 32, 32, decode_q8_0},     {T_IQ4_XS, 8, 136, 256, 32, decode_iq4_xs},
+    {T_Q4_K, 4, 144, 256, 32, decode_q4_k},   {T_Q5_K, 8, 176, 256, 32, decode_q5_k},
+    {T_Q6_K, 8, 210, 256, 16, decode_q6_k},
+};
+
+static const format *format_of(int type) {
+    for (size_t i = 0; i < sizeof FORMATS / sizeof FORMATS[0]; i++)
+        if (FORMATS[i].type == type) return &FORMATS[i];
+    return NULL;
 }
 
 /* The bit width (4 or 8) and group size the panels of `type` take, packed as bits * 1000 + group; -1 if none. */
 int vx_gguf_panel_format(int type) {
-    int64_t bw, bk, G;
-    int bits;
-    return layout_of(type, &bw, &bk, &bits, &G) ? -1 : bits * 1000 + (int)G;
+    const format *f = format_of(type);
+    return f ? f->bits * 1000 + (int)f->G : -1;
 }
 
 /* Rows 0..N of W (row r at w + r * ldw) into q and sz (as above, for ceil(N / L) panels of L features: q holds
@@ -127,11 +175,10 @@ int vx_gguf_panel_format(int type) {
  * L not 4..64. */
 int vx_gguf_to_i8_panels(const uint8_t *w, int64_t ldw, int type, int64_t N, int64_t K, int64_t L, uint8_t *q,
                          float *sz, int nthreads) {
-    int64_t bw, bk, G;
-    int bits;
-    if (layout_of(type, &bw, &bk, &bits, &G) || N <= 0 || K <= 0 || K % bk || ldw < K / bk * bw || L < 4 || L > 64)
-        return -1;
-    const int64_t ng = K / G, panels = (N + L - 1) / L, panel_bytes = K * L * bits / 8;
+    const format *f = format_of(type);
+    if (!f || N <= 0 || K <= 0 || K % f->bk || ldw < K / f->bk * f->bw || L < 4 || L > 64) return -1;
+    const int bits = f->bits;
+    const int64_t G = f->G, ng = K / G, panels = (N + L - 1) / L, panel_bytes = K * L * bits / 8;
 #pragma omp parallel num_threads(nthreads)
     {
         uint8_t code[K];
@@ -143,7 +190,9 @@ int vx_gguf_to_i8_panels(const uint8_t *w, int64_t ldw, int type, int64_t N, int
             for (int64_t j = 0; j < L; j++) {
                 const int64_t n = p * L + j;
                 if (n < N) {
-                    decode_row(w + n * ldw, type, K, code, scale, zero);
+                    const uint8_t *row = w + n * ldw;
+                    for (int64_t b = 0; b < K / f->bk; b++)
+                        f->decode(row + b * f->bw, code + b * f->bk, scale + b * (f->bk / G), zero + b * (f->bk / G));
                 } else { /* padding: zero weights */
                     memset(code, bits == 8 ? 128 : 0, K);
                     memset(scale, 0, sizeof scale);

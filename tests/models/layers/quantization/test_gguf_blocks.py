@@ -9,14 +9,14 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from tests.support.gguf_quants import quantize, random_blocks
 
-from vx.models.layers.quantization.gguf_blocks import (QUANTIZED_TYPES, as_float, dequantize, row_bytes,
-                                                       row_features, type_name, unpack)
+from vx.models.layers.quantization.gguf_blocks import (IQ4_VALUES, QUANTIZED_TYPES, as_float, dequantize,
+                                                       row_bytes, row_features, type_name, unpack)
 
 T = GGMLQuantizationType
 # (group size, bits, range of q) as the docs state them.
 LAYOUT = {T.Q4_0: (32, 4, (0, 15)), T.Q4_1: (32, 4, (0, 15)), T.Q4_K: (32, 4, (0, 15)),
           T.Q5_0: (32, 8, (-16, 15)), T.Q5_1: (32, 8, (0, 31)), T.Q5_K: (32, 8, (0, 31)),
-          T.Q8_0: (32, 8, (-128, 127)), T.Q6_K: (16, 8, (-32, 31))}
+          T.Q8_0: (32, 8, (-128, 127)), T.Q6_K: (16, 8, (-32, 31)), T.IQ4_XS: (32, 8, (-127, 113))}
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=type_name)
@@ -44,6 +44,8 @@ def test_quantized_weights_unpack_exactly_and_near_the_floats(qtype):
     # And the blocks hold the weights (the test quantizer writes valid blocks): within a few quantization steps.
     group, _, (lo, hi) = LAYOUT[qtype]
     step = np.abs(weights).max() * 2 / (hi - lo)
+    if qtype == T.IQ4_XS:  # a table of 16 values, not a grid: within its widest gap (of 127 at the largest weight)
+        step = np.abs(weights).max() * np.diff(IQ4_VALUES).max() / 127 / 4
     assert np.abs(got.numpy() - weights).max() < 4 * step
 
 

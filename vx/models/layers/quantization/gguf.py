@@ -5,10 +5,10 @@ CPU with int8 activations, for the types it serves) or repack them once into the
 A tensor's type is known only when it arrives (a Q4_K_M file mixes Q4_K and Q6_K, even within one fused qkv or
 gate_up layer), so a layer's parameters are placeholders: its loaders keep what arrives, per fused shard, and
 `process_weights_after_loading` cuts this rank's part and repacks it. Q4_0, Q4_1 and Q4_K become `Int4Groupwise`
-(groups of 32); Q8_0, Q5_0, Q5_1 and Q5_K `Int8Groupwise` (groups of 32), Q6_K `Int8Groupwise` (groups of 16);
-F32/F16/BF16 a float weight in the model dtype. Consecutive shards that land on the same kernel share one; a fused
-layer whose shards differ keeps one kernel per run of shards and concatenates their outputs. The as-stored kernel
-takes Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (a Q4_K_M file's weights all); the other types are repacked either way.
+(groups of 32); Q8_0, Q5_0, Q5_1, Q5_K and IQ4_XS `Int8Groupwise` (groups of 32), Q6_K `Int8Groupwise` (groups of
+16); F32/F16/BF16 a float weight in the model dtype. Consecutive shards that land on the same kernel share one; a
+fused layer whose shards differ keeps one kernel per run of shards and concatenates their outputs. The as-stored
+kernel takes every quantized type vx loads; the float ones take the float weight either way.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def make_kernel(parts: list[Part], dtype: torch.dtype, device: torch.device) -> 
 def _unpacked(raw: torch.Tensor, ggml_type: int, device: torch.device) -> Part:
     """The raw rows themselves where the as-stored kernel takes them on `device`, else integers for a quantized
     type, the float rows (float32) for a float one."""
-    if stored_kernel_for(ggml_type, device) is not None:
+    if stored_kernel_for(ggml_type, device, raw.nbytes) is not None:
         return RawBlocks(raw, ggml_type)
     return as_float(raw, ggml_type).float() if ggml_type in FLOAT_TYPES else unpack(raw, ggml_type)
 

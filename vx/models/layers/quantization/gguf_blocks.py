@@ -3,8 +3,9 @@ integer form the kernels take, w = q * scale + zero per group of input features.
 
 Every type vx loads is exactly this form. Q4_0 and Q4_1 are 4-bit with a scale (and a minimum) per block of 32;
 Q4_K is 4-bit with a 6-bit scale and minimum per 32, times the super-block's f16 `d` and `dmin`; Q8_0, Q5_0, Q5_1
-and Q5_K are the same with 8 or 5 bits (q fits int8); Q6_K is 6-bit with a signed 8-bit scale per 16. Nothing is
-rounded here: the scales are products of an f16 and a small integer, exact in float32.
+and Q5_K are the same with 8 or 5 bits (q fits int8); Q6_K is 6-bit with a signed 8-bit scale per 16; IQ4_XS holds
+4-bit indices into a fixed table of 16 int8 values (q is the value) with a 6-bit scale per 32. Nothing is rounded
+here: the scales are products of an f16 and a small integer, exact in float32.
 
 Vectorized torch over whole rows, so it runs on the device the rows are on: at load for every row of a weight, and
 per step for the rows of the token embedding that a batch gathers.
@@ -22,8 +23,8 @@ T = GGMLQuantizationType
 FLOAT_TYPES: dict[int, torch.dtype] = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 """The float types: their rows are the numbers themselves."""
 
-QUANTIZED_TYPES: tuple[int, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
-"""The block formats vx unpacks (those of the common Q4_K_M / Q5_K_M / Q8_0 files)."""
+QUANTIZED_TYPES: tuple[int, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
+"""The block formats vx unpacks (those of the common Q4_K_M / Q5_K_M / Q8_0 / IQ4_XS files)."""
 
 SUPPORTED_TYPES: tuple[int, ...] = (*FLOAT_TYPES, *QUANTIZED_TYPES)
 
@@ -191,5 +192,20 @@ def _q6_k(b: torch.Tensor):
     return q, scale, torch.zeros_like(scale), 16  # d * sc * (q - 32)
 
 
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+"""IQ4_XS's (and IQ4_NL's) weight values, indexed by a block's nibbles (GGML's kvalues_iq4nl)."""
+
+
+def _iq4_xs(b: torch.Tensor):
+    lead = b.shape[:-1]
+    # Sub-block j's 6-bit scale: nibble j % 2 of byte 4 + j / 2 below, bits 2j-2j+1 of the u16 at byte 2 above.
+    low = _bits(b[..., 4:8], 2, step=4).transpose(-1, -2).reshape(*lead, 8)
+    high = _bits(b[..., 2:4], 4, step=2).transpose(-1, -2).reshape(*lead, 8)
+    scale = _f16(b, 0)[..., None] * ((low | (high << 4)).float() - 32)
+    values = torch.tensor(IQ4_VALUES, dtype=torch.int8, device=b.device)
+    q = values[_nibbles(b[..., 8:136].reshape(*lead, 8, 16)).long()]  # runs of 16 bytes: sub-block j's nibbles
+    return q, scale, torch.zeros_like(scale), 32  # d * (ls - 32) * V[q]
+
+
 _UNPACKERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
-              T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+              T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.IQ4_XS: _iq4_xs}

@@ -1,10 +1,13 @@
 """A GGUF weight kept as the file stores it: its raw rows of blocks, multiplied by vx's as-stored C kernel
 (vx.kernels.gguf_matmul), so a step reads the file's bytes and no more (Q4_K: 4.5 bits a weight, against 5 for
-the repacked 4-bit layout; Q6_K: 6.56 against 10).
+the repacked 4-bit layout; Q6_K: 6.56 against 10; Q5_0: 5.5 against 9, IQ4_XS 4.25 against 9).
 
 Chosen at load for a GGUF tensor of a type the kernel serves, on the CPU, when `VX_CPU_MATMUL` asks for int8
 activations (`int8`, or `auto` on a CPU with VNNI): the repacked int8 path rounds x the same way, per group of 32
-there and per block of 256 (K types) or 32 here. `VX_CPU_MATMUL=float` keeps the exact repacked path.
+there and per block of 256 (Q4_K, Q5_K, Q6_K) or 32 (the other types) here. `VX_CPU_MATMUL=float` keeps the exact
+repacked path. Q4_0, Q4_1 and Q8_0 repack into as many bits a weight as the file holds, so as stored they save
+no bytes; below `STORED_FROM_BYTES` (the default model's layers) the repacked kernel's lower cost per call wins
+and they are repacked, above it the as-stored kernel is the faster (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from gguf import GGMLQuantizationType
 
 from vx.kernels import torch_ops
 from vx.kernels.gguf_matmul import GGUFMatmulKernel, load_gguf_matmul_kernel
@@ -27,9 +31,18 @@ class RawBlocks(NamedTuple):
     ggml_type: int
 
 
-def stored_kernel_for(ggml_type: int, device: torch.device) -> GGUFMatmulKernel | None:
-    """The as-stored kernel when it serves a weight of `ggml_type` on `device` (see the module), else None."""
+# The types whose repacked layout holds the file's bits a weight (groups of 32 with float16 scales, as the blocks).
+SAME_BITS_REPACKED = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0})
+# From this many bytes a weight of those types is kept as stored.
+STORED_FROM_BYTES = 1 << 20
+
+
+def stored_kernel_for(ggml_type: int, device: torch.device, nbytes: int | None = None) -> GGUFMatmulKernel | None:
+    """The as-stored kernel when it serves a weight of `ggml_type` and `nbytes` on `device` (see the module), else
+    None."""
     if device.type != "cpu":
+        return None
+    if ggml_type in SAME_BITS_REPACKED and nbytes is not None and nbytes < STORED_FROM_BYTES:
         return None
     kernel = load_gguf_matmul_kernel()
     if kernel is None or not kernel.serves(ggml_type):
