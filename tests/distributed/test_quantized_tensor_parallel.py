@@ -5,14 +5,11 @@ cut its slice of the file's blocks, or of the checkpoint's packed words, before 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.distributed.test_tensor_parallel import _logits
-from vx.distributed import destroy_parallel_groups, init_parallel_groups
+from tests.support.two_ranks import run_on_two_ranks
 
 # The ranks multiply their halves of K and all-reduce, where one process sums all of K in one kernel call: a few
 # float32 ulps on logits of magnitude ~13-19. Measured TP=2 vs TP=1 max difference: Q8_0 2.1e-5, Q4_0 1.5e-5,
@@ -61,15 +58,9 @@ def _load(source: dict, tp_group=None) -> torch.nn.Module:
     return DefaultModelLoader().load_model(source["dir"], config, torch.float32, "cpu", quant, tp_group=tp_group)
 
 
-def _rank_main(rank: int, source: dict, init_method: str, out_dir: str) -> None:
-    groups = init_parallel_groups(rank, tensor_parallel_size=2, pipeline_parallel_size=1, init_method=init_method)
-    try:
-        model = _load(source, groups.tp)
-        result = {"logits": _logits(model), "quantized_bytes": quantized_bytes(model)}
-    finally:
-        destroy_parallel_groups()
-    with open(f"{out_dir}/rank{rank}.json", "w") as f:
-        json.dump(result, f)
+def _rank_job(source: dict, tp_group) -> dict:
+    model = _load(source, tp_group)
+    return {"logits": _logits(model), "quantized_bytes": quantized_bytes(model)}
 
 
 @pytest.fixture(scope="module")
@@ -92,24 +83,35 @@ def packed_checkpoints(tmp_path_factory) -> dict[str, str]:
     return {"awq": awq_dir, "gptq": gptq_dir, "fp8": fp8_dir, "fp8_channel": fp8_channel_dir}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "qwen3_moe:Q8_0", "mixtral:Q4_0", "awq", "gptq", "fp8",
-                                  "fp8_channel"])
-def test_two_ranks_of_a_quantized_model_give_its_logits_holding_half_its_bytes(tiny_gguf, packed_checkpoints,
-                                                                               tmp_path, kind):
+KINDS = ["Q8_0", "Q4_0", "Q4_1", "qwen3_moe:Q8_0", "mixtral:Q4_0", "awq", "gptq", "fp8", "fp8_channel"]
+
+
+def _source(kind: str, tiny_gguf, packed_checkpoints: dict[str, str]) -> dict:
     if kind in packed_checkpoints:
-        source = {"method": kind.removesuffix("_channel"), "dir": packed_checkpoints[kind]}
-    else:
-        family, _, types = kind.rpartition(":")
-        tiny = tiny_gguf(types, family=family or "llama")  # untied: the head is stored in this type too
-        source = {"method": "gguf", "dir": tiny.float_dir, "gguf": tiny.gguf_path}
-    whole = _load(source)
+        return {"method": kind.removesuffix("_channel"), "dir": packed_checkpoints[kind]}
+    family, _, types = kind.rpartition(":")
+    tiny = tiny_gguf(types, family=family or "llama")  # untied: the head is stored in this type too
+    return {"method": "gguf", "dir": tiny.float_dir, "gguf": tiny.gguf_path}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_gguf, packed_checkpoints, tmp_path_factory) -> tuple[dict[str, list[dict]], str | None]:
+    """What each of two ranks, started once for all of them, found for every kind (logits, quantized bytes)."""
+    sources = {kind: _source(kind, tiny_gguf, packed_checkpoints) for kind in KINDS}
+    return run_on_two_ranks(_rank_job, sources, tmp_path_factory.mktemp("tp-quant-ranks"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_ranks_of_a_quantized_model_give_its_logits_holding_half_its_bytes(tiny_gguf, packed_checkpoints,
+                                                                               two_ranks, kind):
+    whole = _load(_source(kind, tiny_gguf, packed_checkpoints))
     want, (whole_bytes, router_bytes) = _logits(whole), quantized_bytes(whole)
     assert whole_bytes > 0
-    mp.spawn(_rank_main, args=(source, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, join=True)
-    for rank in range(2):
-        with open(tmp_path / f"rank{rank}.json") as f:
-            got = json.load(f)
+    results, error = two_ranks
+    if kind not in results:
+        pytest.fail(f"the ranks stopped before {kind} was done: {error}")
+    for got in results[kind]:
         for req_id, logits in want.items():
             torch.testing.assert_close(torch.tensor(got["logits"][req_id]), torch.tensor(logits),
                                        atol=LOGITS_ATOL, rtol=0)

@@ -3,14 +3,11 @@ whole model, and each rank holds about half of its sharded layers' parameters (t
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.support.paged_attention import PagedRunner
-from vx.distributed import destroy_parallel_groups, init_parallel_groups
+from tests.support.two_ranks import run_on_two_ranks
 
 PROMPTS = {"a": [5, 9, 13, 2, 7, 30, 31], "b": list(range(40, 73)), "c": [3]}
 SHARDED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "embed_tokens", "lm_head")
@@ -43,26 +40,29 @@ def _expert_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for name, p in model.named_parameters() if ".experts." in name)
 
 
-def _rank_main(rank: int, model_dir: str, init_method: str, out_dir: str) -> None:
+def _rank_job(model_dir: str, tp_group) -> dict:
     from transformers import AutoConfig
 
     from vx.models.loader import DefaultModelLoader
 
     config = AutoConfig.from_pretrained(model_dir)
-    groups = init_parallel_groups(rank, tensor_parallel_size=2, pipeline_parallel_size=1, init_method=init_method)
-    try:
-        model = DefaultModelLoader().load_model(model_dir, config, torch.float32, "cpu", tp_group=groups.tp)
-        result = {"logits": _logits(model), "sharded_bytes": _sharded_bytes(model),
-                  "expert_bytes": _expert_bytes(model)}
-    finally:
-        destroy_parallel_groups()
-    with open(f"{out_dir}/rank{rank}.json", "w") as f:
-        json.dump(result, f)
+    model = DefaultModelLoader().load_model(model_dir, config, torch.float32, "cpu", tp_group=tp_group)
+    return {"logits": _logits(model), "sharded_bytes": _sharded_bytes(model), "expert_bytes": _expert_bytes(model)}
+
+
+FAMILIES = ["llama", "qwen3", "qwen3_moe", "mixtral"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dirs, tmp_path_factory) -> tuple[dict[str, list[dict]], str | None]:
+    """What each of two ranks, started once for all of them, found for every family (logits, bytes held)."""
+    return run_on_two_ranks(_rank_job, {family: tiny_model_dirs[family] for family in FAMILIES},
+                            tmp_path_factory.mktemp("tp-ranks"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe", "mixtral"])
-def test_two_tensor_parallel_ranks_give_the_whole_model_logits(tiny_model_dirs, tmp_path, family):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_tensor_parallel_ranks_give_the_whole_model_logits(tiny_model_dirs, two_ranks, family):
     from transformers import AutoConfig
 
     from vx.models.loader import DefaultModelLoader
@@ -70,10 +70,10 @@ def test_two_tensor_parallel_ranks_give_the_whole_model_logits(tiny_model_dirs, 
     model_dir = tiny_model_dirs[family]
     whole = DefaultModelLoader().load_model(model_dir, AutoConfig.from_pretrained(model_dir), torch.float32, "cpu")
     want = _logits(whole)
-    mp.spawn(_rank_main, args=(model_dir, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, join=True)
-    for rank in range(2):
-        with open(tmp_path / f"rank{rank}.json") as f:
-            got = json.load(f)
+    results, error = two_ranks
+    if family not in results:
+        pytest.fail(f"the ranks stopped before {family} was done: {error}")
+    for got in results[family]:
         for req_id, logits in want.items():
             torch.testing.assert_close(torch.tensor(got["logits"][req_id]), torch.tensor(logits),
                                        atol=LOGITS_ATOL.get(family, 1e-5), rtol=0)

@@ -13,6 +13,7 @@ import torch
 import vx
 from tests.support.kernel_cache import share_kernels
 from tests.support.decode_graphs import TINY_KV_BLOCKS, greedy_prompts, hf_greedy, runner, vx_greedy
+from vx.gpu.graphs import decode_graphs
 from vx.gpu.graphs.decode_graphs import IDLE_BEFORE_COMPILE_S, DecodeGraphs
 
 
@@ -25,9 +26,11 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
     eager, and preemptions (their prompts computed again). GGUF weights on the C kernel's int8-activation path (x rounded to int8 per group: near-tied tokens
     may differ from HF's): the compiled graphs still give eager's tokens exactly, since each row's product depends on
     that row alone. A Q4_K_M file's weights, kept as stored, reach their kernel through `vx::gguf_matmul` in the
-    compiled graphs and give the tokens of an eager run of the same schedule. (GGUF weights on the exact float path against HF: test_aoti_loader.py,
-    which serves them from an engine process of its own; each size's compile costs seconds, so no test compiles one
-    twice for the same check.)"""
+    compiled graphs and give the tokens of an eager run of the same schedule. The GGUF engines get the graph of 4
+    alone, which then serves every decode step, of 1 to 4 requests (up to 3 padding rows): what they check is the
+    kernels inside a graph and rows that stay apart, which the padded graph shows, and each size's compile costs
+    seconds (every size of a GGUF model compiled, on the exact float path against HF: test_aoti_loader.py, which
+    serves them from an engine process of its own; no test compiles one twice for the same check)."""
     if weights == "float":
         model, reference_dir = tiny_model_dirs["llama"], tiny_model_dirs["llama"]
     else:
@@ -57,6 +60,8 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
     want = eager if int8 else hf_greedy(reference_dir, prompts)
     assert eager_steps == {}
     monkeypatch.setenv("VX_DECODE_COMPILE", "startup")
+    if int8:
+        monkeypatch.setattr(decode_graphs, "capture_sizes", lambda max_num_seqs, device_type: [max_num_seqs])
     preemptions: list[int] = []
     compiled, compiled_steps = vx_greedy(model, prompts, preemptions, num_kv_blocks=12, block_size=8,
                                           max_model_len=64)
