@@ -13,8 +13,11 @@ Candidates, each y = x @ W^T for float32 x [M, K]:
 - `as stored` (vx.kernels.gguf_matmul): the file's blocks, x rounded to int8 per block (the CPU's build: 512-bit
   VNNI code for Q4_K and Q6_K where it has AVX-512 VNNI), `as stored, 256-bit` (the same CPU, 256-bit code only)
   and `as stored, AVX2` (the build an AVX2-only CPU gets);
+- `as stored, several-rows kernel` (Q4_K and Q6_K on AVX-512 VNNI CPUs): each block of 16 weight rows decoded once
+  per call into registers' lanes, every row of x multiplied there (`matmul_rows`);
 - `as stored, decoded panels`: the many-row way, chunks of the stored weight decoded per call into the int8
-  kernel's panels; `as stored, vx's choice`: what `product` picks at that M (the panels from `many_rows(type)` rows on);
+  kernel's panels; `as stored, vx's choice`: what `product` picks at that M (the several-rows kernel from
+  `ROWS_FROM` rows where it serves the type, else the panels from `many_rows(type)` rows on);
 - `repacked int8`: vx's int8-activation kernel on the weight repacked at load (4-bit groups of 32 for Q4_0, Q4_1 and
   Q4_K, 8-bit groups of 32 for the others, 16 for Q6_K): what vx ran before for VX_CPU_MATMUL=auto/int8;
 - `repacked float`: the exact float path on the same repacked weight (VX_CPU_MATMUL=float);
@@ -119,6 +122,15 @@ def _panels(raw, ggml_type):
     return (lambda x: kernel.matmul_many_rows(x, raw, ggml_type, repacked)), raw.nbytes
 
 
+def _rows(raw, ggml_type):
+    from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
+
+    kernel = load_gguf_matmul_kernel()
+    if kernel is None or ggml_type not in kernel.rows_types:
+        return None
+    return (lambda x: kernel.matmul_rows(x, raw, ggml_type)), raw.nbytes
+
+
 def _chosen(raw, ggml_type):
     from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 
@@ -180,6 +192,7 @@ CANDIDATES = {
     "stored": ("as stored", _stored(True)),
     "stored_256": ("as stored, 256-bit", _stored(True, wide=False)),
     "stored_avx2": ("as stored, AVX2", _stored(False)),
+    "rows": ("as stored, several-rows kernel", _rows),
     "panels": ("as stored, decoded panels", _panels),
     "chosen": ("as stored, vx's choice", _chosen),
     "repacked_int8": ("repacked int8", _repacked("int8")),

@@ -69,11 +69,13 @@ def magnitude(x: torch.Tensor, raw: torch.Tensor, ggml_type: int) -> torch.Tenso
     return x.double().abs() @ terms.T
 
 
-def check(kernel, ggml_type: int, m: int, n: int, k: int, seed: int, threads: int | None = None) -> None:
+def check(kernel, ggml_type: int, m: int, n: int, k: int, seed: int, threads: int | None = None,
+          rows: bool = False) -> None:
+    """kernel.matmul (or with `rows`, kernel.matmul_rows) against the reference and against x rounded alike."""
     raw = random_blocks(ggml_type, n, k, seed)
     w = torch.from_numpy(gguf_dequantize(raw.numpy(), ggml_type)).view(n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed + 1))
-    y = kernel.matmul(x, raw, ggml_type, threads=threads)
+    y = (kernel.matmul_rows if rows else kernel.matmul)(x, raw, ggml_type, threads=threads)
     assert y.shape == (m, n) and y.dtype == torch.float32
     qb = _ACT_BLOCK[ggml_type]
     # Against the reference: within the int8 rounding bound (plus float32 rounding).
@@ -142,6 +144,45 @@ def test_rejects_a_type_it_does_not_serve() -> None:
         k.matmul(torch.zeros(1, 256), torch.zeros(2, 2 * 144, dtype=torch.uint8), int(T.Q4_K))
 
 
+@pytest.fixture(scope="module")
+def rows_kernel():
+    """The CPU's build where it has the several-rows kernel (csrc/gguf_rows.c: AVX-512 VNNI)."""
+    k = load_gguf_matmul_kernel()
+    if k is None or not k.rows_types:
+        pytest.skip("no several-rows kernel here (it needs AVX-512 VNNI)")
+    return k
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K], ids=lambda t: T(t).name)
+def test_rows_kernel_matches_gguf_dequantize(rows_kernel, ggml_type: int) -> None:
+    """Several rows through 16-row panels: a tile of 8 rows and a rest, a last panel of 5 weight rows, two threads;
+    x rounded per block of 256 as the as-stored kernel rounds it."""
+    check(rows_kernel, ggml_type, m=11, n=37, k=_k_for(ggml_type, 3), seed=int(ggml_type) + 40, threads=2, rows=True)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q6_K], ids=lambda t: T(t).name)
+def test_rows_kernel_row_depends_on_that_row_alone(rows_kernel, ggml_type: int) -> None:
+    """A row's product is the same bits whatever the other rows, their order, their count (tiles, and chunks of x
+    past 128 rows at K 4096) and the threads: compiled decode graphs pad a batch with rows of their own."""
+    n, k = 21, _k_for(ggml_type, 16)
+    raw = random_blocks(ggml_type, n, k, seed=8)
+    x = torch.randn(131, k, generator=torch.Generator().manual_seed(9))
+    y = rows_kernel.matmul_rows(x, raw, ggml_type, threads=2)
+    pick = torch.tensor([130, 0, 128, 127, 5])
+    assert torch.equal(rows_kernel.matmul_rows(x[pick], raw, ggml_type, threads=1), y[pick])
+    assert torch.equal(rows_kernel.matmul_rows(x[7:8], raw, ggml_type, threads=1), y[7:8])
+
+
+def test_product_takes_the_rows_kernel_from_rows_from_on(rows_kernel) -> None:
+    from vx.kernels.gguf_matmul import ROWS_FROM
+
+    raw = random_blocks(T.Q6_K, 20, 256, seed=10)
+    x = torch.randn(ROWS_FROM, 256, generator=torch.Generator().manual_seed(11))
+    assert torch.equal(rows_kernel.product(x, raw, T.Q6_K), rows_kernel.matmul_rows(x, raw, T.Q6_K))
+    few = x[:ROWS_FROM - 1]
+    assert torch.equal(rows_kernel.product(few, raw, T.Q6_K), rows_kernel.matmul(few, raw, T.Q6_K))
+
+
 @pytest.mark.parametrize("ggml_type", _TYPES, ids=lambda t: T(t).name)
 def test_many_rows_through_decoded_panels(ggml_type: int, monkeypatch) -> None:
     """The many-row way: chunks decoded into the int8 kernel's panels (csrc/gguf_panels.c), x rounded per group of
@@ -175,11 +216,11 @@ def test_product_takes_the_panels_from_many_rows_on() -> None:
     from vx.kernels.quant_matmul import load_quant_matmul_kernel
 
     kernel, repacked = load_gguf_matmul_kernel(), load_quant_matmul_kernel()
-    if kernel is None or not kernel.many_rows_serves(T.Q4_K, repacked):
+    if kernel is None or not kernel.many_rows_serves(T.Q4_0, repacked):
         pytest.skip("no panel decoder or int8 kernel here")
-    raw = random_blocks(T.Q4_K, 20, 256, seed=6)
-    rows = many_rows(T.Q4_K)
+    raw = random_blocks(T.Q4_0, 20, 256, seed=6)  # a type the several-rows kernel does not take
+    rows = many_rows(T.Q4_0)
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(kernel.product(x, raw, T.Q4_K), kernel.matmul_many_rows(x, raw, T.Q4_K, repacked))
+    assert torch.equal(kernel.product(x, raw, T.Q4_0), kernel.matmul_many_rows(x, raw, T.Q4_0, repacked))
     few = x[:rows - 1]
-    assert torch.equal(kernel.product(few, raw, T.Q4_K), kernel.matmul(few, raw, T.Q4_K))
+    assert torch.equal(kernel.product(few, raw, T.Q4_0), kernel.matmul(few, raw, T.Q4_0))

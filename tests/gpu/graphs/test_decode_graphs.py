@@ -52,9 +52,9 @@ def test_compiled_and_eager_decode_equal_hf_greedy(tiny_model_dirs, tiny_gguf, m
     monkeypatch.setenv("VX_CPU_MATMUL", "int8" if int8 else "float")
     prompts = greedy_prompts(300)  # within every tiny model's vocabulary
     # The as-stored weights' eager run schedules as the compiled one below (preemptions included): a preempted
-    # request's prompt computed again as a prefill (another attention path, and from 32 rows the many-row way,
-    # which rounds x per group rather than per block) is not the decode steps' arithmetic, and x's int8 rounding
-    # can turn such float differences into another token.
+    # request's prompt computed again as a prefill (another attention path, another kernel's float rounding, and
+    # from 32 rows for some types the many-row way, which rounds x per group rather than per block) is not the
+    # decode steps' arithmetic, and x's int8 rounding can turn such float differences into another token.
     small_kv = dict(num_kv_blocks=12, block_size=8, max_model_len=64) if weights == "gguf-q4_k_m-stored" else {}
     eager, eager_steps = vx_greedy(model, prompts, enforce_eager=True, **small_kv)
     want = eager if int8 else hf_greedy(reference_dir, prompts)
