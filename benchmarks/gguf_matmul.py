@@ -50,22 +50,17 @@ SHAPES: dict[str, tuple[int, int, int]] = {
     "8b_q": (4096, 4096, Q4_K), "8b_k": (1024, 4096, Q4_K), "8b_v": (1024, 4096, Q6_K),
     "8b_gate": (14336, 4096, Q4_K), "8b_down": (4096, 14336, Q6_K),
 }
-_F16_FIELDS = {Q4_K: ((0, 0.002), (2, 0.004)), Q6_K: ((208, 0.0002),)}
 _BLOCK = {Q4_K: (256, 144), Q6_K: (256, 210)}
 
 
 def random_blocks(ggml_type: int, n: int, k: int, seed: int) -> Any:
-    """n rows of random blocks of `ggml_type` (random bytes, small positive float16 scales), uint8 [n, bytes]."""
+    """n rows of random blocks of `ggml_type` (benchmarks.gguf_shapes' valid random blocks), uint8 [n, bytes]."""
     import numpy as np
     import torch
 
-    block, size = _BLOCK[ggml_type]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
-    for at, scale in _F16_FIELDS[ggml_type]:
-        d = (rng.random((n, k // block)) * scale + scale / 4).astype(np.float16)
-        raw[..., at:at + 2] = d.view(np.uint8).reshape(n, k // block, 2)
-    return torch.from_numpy(raw.reshape(n, -1))
+    from benchmarks.gguf_shapes import random_blocks as numpy_blocks
+
+    return torch.from_numpy(numpy_blocks(ggml_type, n, k, np.random.default_rng(seed)))
 
 
 @dataclass
