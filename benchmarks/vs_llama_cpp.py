@@ -216,46 +216,56 @@ async def run_shape(run: ShapeRun, ns: argparse.Namespace, llama_dir: str | None
         if llama_dir:
             await _attempt_async(run, "llama.cpp", "llama-server", _llama_memory(run, ns, llama_dir))
         llm = vx.LLM(run.gguf, **args)
-        graphs = engine_model_runner(llm.llm_engine).decode_graphs
-        if graphs is not None:
-            print("vx.LLM: waiting for its batch-1 decode graph...", file=sys.stderr, flush=True)
-            graphs.wait()
-        run.facts["vx_step_bytes"] = decode_weight_bytes(engine_model_runner(llm.llm_engine).model)
-        engine_token_times(llm.llm_engine, "warm", run.prompts(1, PROMPT_TOKENS, -3)[0], WARMUP_TOKENS)
-        await stream_all(allm, run.prompts(ns.concurrent, PROMPT_TOKENS, -4), WARMUP_TOKENS)
-        settle(allm, f"decode graph for {ns.concurrent} requests")
-
-        for r in range(ns.rounds):
-            seed = 1000 * (r + 1)
-
-            def step(what: str, engine: str) -> None:
-                print(f"{run.name}, round {r + 1}/{ns.rounds}: {engine} {what} ...", file=sys.stderr, flush=True)
-
-            step("decode", "vx AsyncLLM")
-            t = await stream_times(allm, run.prompts(1, PROMPT_TOKENS, seed)[0], ns.decode_tokens + 1)
-            run.add("decode", "vx AsyncLLM", ns.decode_tokens / (t[-1] - t[0]))
-            step("decode", "vx.LLM")
-            t, _ = engine_token_times(llm.llm_engine, f"r{r}", run.prompts(1, PROMPT_TOKENS, seed + 1)[0],
-                                      ns.decode_tokens + 1)
-            run.add("decode", "vx.LLM", ns.decode_tokens / (t[-1] - t[0]))
-            if llama_dir:
-                step("decode and prefill", "llama-bench")
-                _attempt(run, "llama.cpp", "llama-bench", lambda: _llama_bench(run, ns, llama_dir))
-            step("prefill", "vx AsyncLLM")
-            t = await stream_times(allm, run.prompts(1, ns.prefill_tokens, seed + 2)[0], 1)
-            run.add("prefill", "vx AsyncLLM", t[0])
-            if hf:
-                step("decode and prefill", "HF")
-                _attempt(run, "HF", "transformers", lambda: _hf_round(run, ns, hf, seed + 3))
-            step("concurrent", "vx AsyncLLM")
-            seconds = await stream_all(allm, run.prompts(ns.concurrent, PROMPT_TOKENS, seed + 4), ns.concurrent_tokens)
-            run.add("concurrent", "vx AsyncLLM", ns.concurrent * ns.concurrent_tokens / seconds)
-            if llama_dir:
-                step("concurrent", "llama-server")
-                await _attempt_async(run, "llama.cpp", "llama-server",
-                                     _llama_concurrent(run, ns, llama_dir, seed + 4))
+        try:
+            graphs = engine_model_runner(llm.llm_engine).decode_graphs
+            if graphs is not None:
+                print("vx.LLM: waiting for its batch-1 decode graph...", file=sys.stderr, flush=True)
+                graphs.wait()
+            run.facts["vx_step_bytes"] = decode_weight_bytes(engine_model_runner(llm.llm_engine).model)
+            engine_token_times(llm.llm_engine, "warm", run.prompts(1, PROMPT_TOKENS, -3)[0], WARMUP_TOKENS)
+            await stream_all(allm, run.prompts(ns.concurrent, PROMPT_TOKENS, -4), WARMUP_TOKENS)
+            settle(allm, f"decode graphs for {ns.concurrent} requests")
+            await _rounds(run, ns, llama_dir, hf, allm, llm)
+        finally:
+            llm.shutdown()
         run.add("rss_concurrent", "vx AsyncLLM", engine_rss(allm))
-        llm.shutdown()
+
+
+async def _rounds(run: ShapeRun, ns: argparse.Namespace, llama_dir: str | None, hf: dict[str, str], allm: Any,
+                  llm: Any) -> None:
+    """The measured rounds: the engines take turns, each round with new prompts."""
+    from benchmarks.latency import engine_token_times
+
+    for r in range(ns.rounds):
+        seed = 1000 * (r + 1)
+
+        def step(what: str, engine: str) -> None:
+            print(f"{run.name}, round {r + 1}/{ns.rounds}: {engine} {what} ...", file=sys.stderr, flush=True)
+
+        step("decode", "vx AsyncLLM")
+        t = await stream_times(allm, run.prompts(1, PROMPT_TOKENS, seed)[0], ns.decode_tokens + 1)
+        run.add("decode", "vx AsyncLLM", ns.decode_tokens / (t[-1] - t[0]))
+        step("decode", "vx.LLM")
+        t, _ = engine_token_times(llm.llm_engine, f"r{r}", run.prompts(1, PROMPT_TOKENS, seed + 1)[0],
+                                  ns.decode_tokens + 1)
+        run.add("decode", "vx.LLM", ns.decode_tokens / (t[-1] - t[0]))
+        if llama_dir:
+            step("decode and prefill", "llama-bench")
+            _attempt(run, "llama.cpp", "llama-bench", lambda: _llama_bench(run, ns, llama_dir))
+        step("prefill", "vx AsyncLLM")
+        t = await stream_times(allm, run.prompts(1, ns.prefill_tokens, seed + 2)[0], 1)
+        run.add("prefill", "vx AsyncLLM", t[0])
+        if hf:
+            step("decode and prefill", "HF")
+            _attempt(run, "HF", "transformers", lambda: _hf_round(run, ns, hf, seed + 3))
+        step("concurrent", "vx AsyncLLM")
+        seconds = await stream_all(allm, run.prompts(ns.concurrent, PROMPT_TOKENS, seed + 4), ns.concurrent_tokens)
+        run.add("concurrent", "vx AsyncLLM", ns.concurrent * ns.concurrent_tokens / seconds)
+        settle(allm, "any decode graph the run queued")  # its compile must not run beside the next engine
+        if llama_dir:
+            step("concurrent", "llama-server")
+            await _attempt_async(run, "llama.cpp", "llama-server",
+                                 _llama_concurrent(run, ns, llama_dir, seed + 4))
 
 
 def _attempt(run: ShapeRun, engine: str, program: str, fn: Any) -> None:
