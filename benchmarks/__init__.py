@@ -37,6 +37,8 @@ BENCHMARKS: dict[str, str] = {
     "greedy_check": "vx's greedy tokens against Hugging Face on the same weights: float32 exact, 16-bit top-1 "
                     "agreement (gpu_check.sh runs it on CUDA)",
     "fused_moe": "one MoE layer's experts on CUDA: the Triton grouped GEMM vs FusedMoE's eager loop (needs CUDA)",
+    "vs_llama_cpp": "per model shape (default, 1.7B, 8B; one GGUF file each): batch-1 decode, 512-token prefill, 32 "
+                    "concurrent requests, memory and bandwidth share, vx beside llama.cpp's programs and HF",
 }
 
 

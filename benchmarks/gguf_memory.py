@@ -28,13 +28,13 @@ from benchmarks.common import Table, bench_cache_dir, quiet_logs, ratio
 MIB = 2**20
 
 
-def float_copy(gguf_path: str) -> str:
-    """The GGUF model as a float32 safetensors directory, made once under the bench cache: transformers
-    dequantizes the file (the float path's checkpoint)."""
+def float_copy(gguf_path: str, dtype: str = "float32") -> str:
+    """The GGUF model as a safetensors directory in `dtype` (float32, bfloat16), made once under the bench cache:
+    transformers dequantizes the file (the float path's checkpoint)."""
     from vx.config.model_source import ensure_gguf_config
 
     st = os.stat(gguf_path)
-    target = os.path.join(bench_cache_dir(), f"float-{os.path.basename(gguf_path)}-{st.st_size}-{st.st_mtime_ns}")
+    target = os.path.join(bench_cache_dir(), f"{dtype}-{os.path.basename(gguf_path)}-{st.st_size}-{st.st_mtime_ns}")
     if os.path.isfile(os.path.join(target, "model.safetensors")):
         return target
     import shutil
@@ -48,7 +48,7 @@ def float_copy(gguf_path: str) -> str:
     shutil.rmtree(partial, ignore_errors=True)
     shutil.copytree(config_dir, partial)
     folder, name = os.path.split(os.path.realpath(gguf_path))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
     state = model.state_dict()
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # the embedding's tensor; safetensors refuses aliases

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -62,6 +63,24 @@ def measure_engine(timed: TokenClock, spec: dict[str, Any]) -> dict[str, Any]:
     return {"ttft_s": ttft, "decode_tok_s": spec["decode_tokens"] / (arrivals[-1] - arrivals[0])}
 
 
+def engine_token_times(engine: Any, request_id: str, prompt: list[int], n: int) -> tuple[list[float], int]:
+    """One greedy request of `n` tokens (EOS ignored) on an in-process `LLMEngine`, stepped here: the seconds from
+    `add_request` to each token's arrival, and the prompt tokens its prefix cache served."""
+    import vx
+
+    params = vx.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, output_kind=vx.RequestOutputKind.DELTA)
+    arrivals: list[float] = []
+    cached = 0
+    t0 = time.perf_counter()
+    engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter() - t0
+            arrivals += [now] * len(out.outputs[0].token_ids)
+            cached = max(cached, out.num_cached_tokens)
+    return arrivals, cached
+
+
 def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
     """vx.LLM with the engine in this process; tokens timed as each engine step hands them out."""
     from vx.platform import prefer_openmp_wait_policy
@@ -82,16 +101,8 @@ def run_vx(spec: dict[str, Any]) -> dict[str, Any]:
 
     def timed(prompt: list[int], n: int) -> list[float]:
         nonlocal cached
-        params = vx.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
-                                   output_kind=vx.RequestOutputKind.DELTA)
-        arrivals: list[float] = []
-        t0 = time.perf_counter()
-        engine.add_request(str(next(request_ids)), prompt, params)
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                now = time.perf_counter() - t0
-                arrivals += [now] * len(out.outputs[0].token_ids)
-                cached = max(cached, out.num_cached_tokens)
+        arrivals, served = engine_token_times(engine, str(next(request_ids)), prompt, n)
+        cached = max(cached, served)
         return arrivals
 
     result = measure_engine(timed, spec)
@@ -174,13 +185,16 @@ def _child(spec: dict[str, Any]) -> None:
 
 # -------------------------------------------------------------------------------------------- the parent
 def gguf_weight_types(path: str) -> str:
-    """The GGML types of a GGUF file's matrices by their share of its elements, e.g. 'Q4_1 79% + Q8_0 21%'."""
-    from gguf import GGUFReader
+    """The GGML types of a GGUF file's matrices by their share of its elements, e.g. 'Q4_1 79% + Q8_0 21%'
+    (vx's header reader: it steps over the vocabulary that the gguf package's reader parses for seconds)."""
+    from gguf import GGMLQuantizationType
+
+    from vx.models.gguf.header import read_gguf_header
 
     elements: Counter[str] = Counter()
-    for tensor in GGUFReader(path).tensors:
-        if len(tensor.shape) >= 2:  # norms and biases stay F32 in any file
-            elements[tensor.tensor_type.name] += int(tensor.n_elements)
+    for tensor in read_gguf_header(path).tensors:
+        if len(tensor.dims) >= 2:  # norms and biases stay F32 in any file
+            elements[GGMLQuantizationType(tensor.ggml_type).name] += math.prod(tensor.dims)
     total = sum(elements.values())
     return " + ".join(f"{name} {100 * n / total:.0f}%" for name, n in elements.most_common())
 

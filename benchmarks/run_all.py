@@ -41,6 +41,8 @@ QUICK: list[tuple[str, list[str]]] = [
     ("latency", ["--rounds", "1", "--prompt-tokens", "128", "--decode-tokens", "16"]),
     ("batch_throughput", ["--num-requests", "8", "--new-tokens", "16", "--rounds", "1", "--hf-batch-sizes", "4,8",
                           "--hf-probe-tokens", "4"]),
+    ("vs_llama_cpp", ["--shapes", "default", "--rounds", "1", "--decode-tokens", "16", "--prefill-tokens", "128",
+                      "--concurrent", "8", "--concurrent-tokens", "16"]),
 ]
 FULL: list[tuple[str, list[str]]] = [
     ("engine_overhead", ["--steps", "64"]),
@@ -59,8 +61,9 @@ FULL: list[tuple[str, list[str]]] = [
     ("batch_throughput", []),
     ("hf_quantization", []),
     ("parallel", []),
+    ("vs_llama_cpp", []),
 ]
-MODEL_FREE = {"engine_overhead", "quant_matmul"}
+MODEL_FREE = {"engine_overhead", "quant_matmul", "vs_llama_cpp"}  # vs_llama_cpp runs its own shapes
 
 
 class _Tee(io.TextIOBase):

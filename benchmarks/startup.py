@@ -23,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,7 +53,7 @@ async def _one_start(model: str | None, engine_args: dict) -> tuple[float, float
         async for _ in llm.generate(PROMPT, params):
             t_first = t_first or time.perf_counter() - t0
         rss_answer = engine.memory_info().rss
-        _settle(engine)
+        wait_until_settled(engine)
         t_settled = time.perf_counter() - t0
         async for _ in llm.generate(PROMPT, params):  # served by the decode graph, now that it is loaded
             pass
@@ -61,7 +62,7 @@ async def _one_start(model: str | None, engine_args: dict) -> tuple[float, float
     return t_ready, t_first, time.perf_counter() - t_close, rss_ready, rss_answer, rss_settled, t_settled
 
 
-def _settle(engine, quiet_s: float = 1.0, timeout_s: float = 300.0) -> None:
+def wait_until_settled(engine: Any, quiet_s: float = 1.0, timeout_s: float = 300.0) -> None:
     """Wait until the engine has no child process (a decode graph's compile, `vx.gpu.graphs.aoti_cache`) and has
     used no CPU for `quiet_s` (the graph loaded, or compiled in-process); at most `timeout_s`."""
     deadline = time.monotonic() + timeout_s

@@ -299,3 +299,17 @@ def test_a_child_killed_by_a_signal_says_so(monkeypatch):
     monkeypatch.setattr(common.subprocess, "run",
                         lambda *a, **k: subprocess.CompletedProcess(a, -11, stdout="", stderr=""))
     assert common.run_child("benchmarks.latency", []) == "failed: killed by SIGSEGV"
+
+
+def test_vs_llama_cpp(tmp_path, capsys):
+    get_main("vs_llama_cpp")(["--shapes", "tiny", "--rounds", "1", "--decode-tokens", "2", "--prefill-tokens", "8",
+                              "--concurrent", "2", "--concurrent-tokens", "2", "--context", "64", "--hf-dtype", "none",
+                              "--llama-cpp-bin", str(tmp_path), "--bandwidth-gib", "0.01"])
+    out = capsys.readouterr().out
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in out.splitlines()
+            if r.startswith("| ") and "---" not in r}
+    vx, vx_llm, llama_cpp, hf = rows["batch-1 decode, tok/s"][:4]
+    assert float(vx) > 0 and float(vx_llm) > 0 and llama_cpp == "not built" and hf == "skipped (--hf-dtype none)"
+    assert rows["2 requests x 2 tokens, tok/s"][2] == "not built"
+    assert rows["weights a decode step reads, MiB"][2].endswith("(file)")
+    assert "| tiny " in out and "Machine:" in out and "llama.cpp: not built: no llama-bench" in out
