@@ -11,38 +11,21 @@ x done here in torch gives x_hat, and the kernel must equal x_hat @ W^T up to fl
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from benchmarks.gguf_matmul import random_blocks  # random bytes, small finite float16 scales: valid blocks
 from vx.kernels.gguf_matmul import load_gguf_matmul_kernel
 from vx.models.layers.quantization.gguf_blocks import unpack
 
 T = GGMLQuantizationType
-# The byte offsets of each type's float16 scales, and a size for them that keeps weights around 0.01-1 (a negative
-# size: negative values, as Q4_1's and Q5_1's minimums m mostly are).
-_F16_FIELDS = {T.Q4_0: ((0, 0.01),), T.Q4_1: ((0, 0.01), (2, -0.08)), T.Q5_0: ((0, 0.005),),
-               T.Q5_1: ((0, 0.005), (2, -0.08)), T.Q8_0: ((0, 0.005),), T.IQ4_XS: ((0, 0.0002),),
-               T.Q4_K: ((0, 0.002), (2, 0.004)), T.Q5_K: ((0, 0.001), (2, 0.004)), T.Q6_K: ((208, 0.0002),)}
 _ACT_BLOCK = {T.Q4_0: 32, T.Q4_1: 32, T.Q5_0: 32, T.Q5_1: 32, T.Q8_0: 32, T.IQ4_XS: 32, T.Q4_K: 256, T.Q5_K: 256,
               T.Q6_K: 256}
 # Float32 rounding of the per-block products and their sum, relative to the sum of the terms' magnitudes (a few
 # roundings per block; the blocks here are few): far below an int8 step and far below a wrong weight.
 _FLOAT_SLACK = 64 * 2.0**-24
-
-
-def random_blocks(ggml_type: int, n: int, k: int, seed: int) -> torch.Tensor:
-    """n rows of random GGML blocks for k weights each: random bytes (every bit pattern is a valid weight) with
-    small finite float16 scales."""
-    block, size = GGML_QUANT_SIZES[T(ggml_type)]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
-    for at, scale in _F16_FIELDS[ggml_type]:
-        d = (rng.random((n, k // block)) * scale + scale / 4).astype(np.float16)
-        raw[..., at:at + 2] = d.view(np.uint8).reshape(n, k // block, 2)
-    return torch.from_numpy(raw.reshape(n, -1))
 
 
 def round_like_kernel(x: torch.Tensor, qb: int) -> torch.Tensor:

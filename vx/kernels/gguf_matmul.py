@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -173,17 +174,7 @@ class GGUFMatmulKernel:
         `rows_types`; `threads` overrides the thread count the call's size asks for (tests, benchmarks)."""
         if ggml_type not in self.rows_types:
             raise ValueError(f"gguf rows matmul: GGML type {ggml_type} is not served here ({sorted(self.rows_types)}).")
-        x, blocks = self._checked(x, blocks, ggml_type)
-        m, k = x.shape
-        n = blocks.shape[0]
-        y = torch.empty(m, n, dtype=torch.float32)
-        threads = threads or threads_for(serial_us(m, blocks.shape[0] * blocks.shape[1]))
-        rc = self._fn_rows(x.data_ptr(), m, k, blocks.data_ptr(), blocks.stride(0), ggml_type, n, y.data_ptr(), n,
-                           threads)
-        if rc != 0:
-            raise ValueError(f"gguf rows matmul rejected x {tuple(x.shape)} with {n} rows of {blocks.shape[1]} "
-                             f"bytes of GGML type {ggml_type}.")
-        return y
+        return self._call(self._fn_rows, "gguf rows matmul", x, blocks, ggml_type, threads)
 
     def serves(self, ggml_type: int) -> bool:
         """Whether `VX_CPU_MATMUL` and this CPU give a weight of `ggml_type` this kernel: `int8`, or `auto` where
@@ -194,18 +185,21 @@ class GGUFMatmulKernel:
     def matmul(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, threads: int | None = None) -> torch.Tensor:
         """x [M, K] float32 @ W^T -> [M, N] float32, W's N rows the uint8 rows of `blocks` [N, row bytes];
         `threads` overrides the thread count the call's size asks for (tests, benchmarks)."""
+        return self._call(self._fn, "gguf matmul", x, blocks, ggml_type, threads)
+
+    def _call(self, fn: Any, what: str, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
+              threads: int | None) -> torch.Tensor:
+        """One C entry point's y = x @ W^T on checked arguments, into a new float32 [M, N]."""
         x, blocks = self._checked(x, blocks, ggml_type)
         m, k = x.shape
         n = blocks.shape[0]
         y = torch.empty(m, n, dtype=torch.float32)
         threads = threads or threads_for(serial_us(m, blocks.shape[0] * blocks.shape[1]))
-        rc = self._fn(x.data_ptr(), m, k, blocks.data_ptr(), blocks.stride(0), ggml_type, n, y.data_ptr(), n,
-                      threads)
+        rc = fn(x.data_ptr(), m, k, blocks.data_ptr(), blocks.stride(0), ggml_type, n, y.data_ptr(), n, threads)
         if rc != 0:
-            raise ValueError(f"gguf matmul rejected x {tuple(x.shape)} with {n} rows of {blocks.shape[1]} bytes of "
+            raise ValueError(f"{what} rejected x {tuple(x.shape)} with {n} rows of {blocks.shape[1]} bytes of "
                              f"GGML type {ggml_type}.")
         return y
-
 
     def _checked(self, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int) -> tuple[torch.Tensor, torch.Tensor]:
         """x and blocks as the C kernels take them (contiguous x, rows of unit stride), or ValueError when their
