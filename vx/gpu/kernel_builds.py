@@ -10,14 +10,13 @@ machine.
 
 from __future__ import annotations
 
+import importlib
+
 from vx import envs
 from vx.config import VxConfig
 from vx.gpu.attention import cpu_kernels
-from vx.kernels import gguf_matmul, quant_matmul
 from vx.kernels.build import Library, build_libraries
-
-# Quantization methods whose CPU weights multiply through torch, not vx's kernels.
-_TORCH_MATMUL_METHODS = frozenset({"fp8"})
+from vx.models.layers.quantization.registry import quantization_method
 
 
 def cpu_kernel_libraries(config: VxConfig) -> list[Library]:
@@ -26,10 +25,9 @@ def cpu_kernel_libraries(config: VxConfig) -> list[Library]:
     if config.device_config.attention_backend in ("auto", "cpu") and not config.model_config.is_mla:
         libraries.append(cpu_kernels.LIBRARY)
     method = config.quant_config.method
-    if method == "gguf":
-        libraries += gguf_matmul.default_libraries()
-    elif method is not None and method not in _TORCH_MATMUL_METHODS:
-        libraries += quant_matmul.default_libraries()
+    kernels = quantization_method(method).cpu_kernels if method is not None else None
+    if kernels is not None:
+        libraries += importlib.import_module(f"vx.kernels.{kernels}").default_libraries()
     return libraries
 
 

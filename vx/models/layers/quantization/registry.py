@@ -85,17 +85,19 @@ class QuantizationMethod:
     """Why its weights do not split (when `splits` is False), for the error message."""
     alignment: Callable[[Mapping[str, Any]], SliceAlignment] = _no_alignment
     """What a rank's slice must align to, read from the checkpoint's `quantization_config` (when `splits`)."""
+    cpu_kernels: str | None = "quant_matmul"
+    """The module of `vx.kernels` whose C libraries its weights multiply through on the CPU (None: torch's ops)."""
 
 
 METHODS: tuple[QuantizationMethod, ...] = (
     # GGUF files, their tensors as they are.
     QuantizationMethod("gguf", "vx.models.layers.quantization.gguf:GGUFConfig", splits=True,
-                       alignment=_gguf_alignment),
+                       alignment=_gguf_alignment, cpu_kernels="gguf_matmul"),
     # Hugging Face quantized checkpoints, named by their quantization_config.quant_method.
     QuantizationMethod("awq", "vx.models.layers.quantization.awq:AWQConfig", splits=True, alignment=_awq_alignment),
     QuantizationMethod("gptq", "vx.models.layers.quantization.gptq:GPTQConfig", splits=True,
                        alignment=_gptq_alignment),
-    QuantizationMethod("fp8", "vx.models.layers.quantization.fp8:Fp8Config", splits=True),
+    QuantizationMethod("fp8", "vx.models.layers.quantization.fp8:Fp8Config", splits=True, cpu_kernels=None),
     # A float checkpoint quantized at load.
     QuantizationMethod("int8", "vx.models.layers.quantization.weight_only:Int8Config",
                        not_split_reason="its per-row scales would be taken over each rank's half of a row, a "
