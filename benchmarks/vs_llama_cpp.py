@@ -374,9 +374,9 @@ def report(run: ShapeRun, label: str, ns: argparse.Namespace, bandwidth: float, 
     def speeds(what: str, title: str, engines: tuple[str, ...], scale: float = 1.0, time_like: bool = False) -> None:
         """A row of `engines`' figures ("-" in the others' columns) and vx's speed ratios to llama.cpp and HF."""
         def speed_ratio(other: str) -> str:
-            if other not in engines:
-                return "-"
             a, b = _median(run, what, vx), _median(run, what, other)
+            if other not in engines or math.isnan(b):
+                return "-"
             return ratio(b, a) if time_like else ratio(a, b)
 
         table.add(title, *(_cell(run, what, e, scale) if e in engines else "-" for e in ENGINES),
