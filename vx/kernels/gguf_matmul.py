@@ -42,8 +42,6 @@ from vx.kernels.quant_matmul import AMX_MIN_ROWS, PackedQuantWeight, QuantMatmul
 from vx.kernels.threads import threads_for
 
 _SOURCE = Path(__file__).with_name("csrc") / "gguf_kquant.c"
-_SOURCE_PANELS = Path(__file__).with_name("csrc") / "gguf_panels.c"
-_SOURCE_ROWS = Path(__file__).with_name("csrc") / "gguf_rows.c"
 # Bytes of panels decoded per chunk of a many-row product: each chunk costs the int8 kernel one more rounding of x,
 # so few and large, but bounded, so that a call's scratch stays small beside the weight.
 _PANEL_CHUNK_BYTES = 16 << 20
@@ -62,6 +60,9 @@ _Q6_K = 14
 _CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-std=gnu11")
 # Build flags that take AVX-512 and VNNI away: the build an AVX2-only CPU gets, run on an AVX-512 machine.
 _AVX2_ONLY = ("-mno-avx512f", "-mno-avxvnni")
+_WHAT = "CPU GGUF matmul kernel"
+_PANELS = Library(_SOURCE.with_name("gguf_panels.c"), _CFLAGS, (), "CPU GGUF panel decoder")
+_ROWS = Library(_SOURCE.with_name("gguf_rows.c"), _CFLAGS, (), "CPU GGUF several-rows kernel")
 # One thread's time per stored weight byte, in ns: a fixed part (reading and decoding it) and one per row of x.
 # Fitted to `python -m benchmarks.gguf_matmul --threads 1 --batches 1,4,16` (AVX-512 VNNI EPYC, 1.7B shapes).
 _NS_PER_BYTE, _NS_PER_BYTE_ROW = 0.05, 0.02
@@ -128,15 +129,12 @@ class GGUFMatmulKernel:
         the module); `amx` lets that kernel take its AMX path (x then rounded to bf16). Only where
         `many_rows_serves`."""
         bits, group = self.panel_format(ggml_type)
+        x, blocks = self._checked(x, blocks, ggml_type)
         m, k = x.shape
         n = blocks.shape[0]
-        if blocks.shape[1] != self._row_bytes(ggml_type, k) or blocks.stride(1) != 1:
-            raise ValueError(f"gguf matmul: rows of {blocks.shape[1]} bytes are not {k} weights of GGML type "
-                             f"{ggml_type}.")
         lanes = repacked.i8_panel
         panel_bytes = k * lanes * bits // 8 + 2 * (k // group) * lanes * 4
         rows = max(1, _PANEL_CHUNK_BYTES // panel_bytes) * lanes
-        x = x.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
         threads = torch.get_num_threads()
         for n0 in range(0, n, rows):
@@ -217,9 +215,7 @@ class GGUFMatmulKernel:
 def default_libraries() -> tuple[Library, ...]:
     """The libraries `load_gguf_matmul_kernel()` builds, the int8 kernel's among them (a worker builds them before
     its model loads)."""
-    return (Library(_SOURCE, _CFLAGS, (), "CPU GGUF matmul kernel"),
-            Library(_SOURCE_PANELS, _CFLAGS, (), "CPU GGUF panel decoder"),
-            Library(_SOURCE_ROWS, _CFLAGS, (), "CPU GGUF several-rows kernel"), *quant_matmul.default_libraries())
+    return (Library(_SOURCE, _CFLAGS, (), _WHAT), _PANELS, _ROWS, *quant_matmul.default_libraries())
 
 
 @functools.cache
@@ -231,10 +227,13 @@ def load_gguf_matmul_kernel(vnni: bool = True, wide: bool = True) -> GGUFMatmulK
     flags = _CFLAGS if vnni else (*_CFLAGS, *_AVX2_ONLY)
     if not wide:
         flags = (*flags, "-DVX_GGUF_256")
-    lib = load_library(_SOURCE, flags, (), "CPU GGUF matmul kernel")
+    lib = load_library(_SOURCE, flags, (), _WHAT)
     if lib is None:
         return None
     # Without the panels' library or the int8 kernel (a failed build) every product takes the as-stored kernel.
-    rows = load_library(_SOURCE_ROWS, _CFLAGS, (), "CPU GGUF several-rows kernel") if vnni and wide else None
-    return GGUFMatmulKernel(lib, load_library(_SOURCE_PANELS, _CFLAGS, (), "CPU GGUF panel decoder"),
-                            load_quant_matmul_kernel(), rows)
+    rows = _load(_ROWS) if vnni and wide else None
+    return GGUFMatmulKernel(lib, _load(_PANELS), load_quant_matmul_kernel(), rows)
+
+
+def _load(library: Library) -> ctypes.CDLL | None:
+    return load_library(library.source, library.cflags, library.libs, library.what)
